@@ -1,0 +1,52 @@
+"""manifest.json: what an export directory holds. Written by training.export, read by the service."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST_FILE = "manifest.json"
+GRAPH_FILE = "model.onnx"
+FORMAT_VERSION = 1
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    format_version: int = FORMAT_VERSION
+    name: str = Field(description="export name, reported by the service as `model`")
+    base_model: str
+    method: str | None = Field(None, description="training objective, None for a plain export")
+    pooling: str
+    dimension: int
+    max_seq_length: int
+    opset: int
+    pad_token: str
+    pad_token_id: int
+    inputs: list[str] = Field(description="graph inputs in order, e.g. input_ids, attention_mask, token_type_ids")
+    outputs: list[str]
+    onnx_sha256: str
+    created_at: str
+    parity_max_abs_diff: float | None = None
+    training: dict[str, Any] | None = None
+
+    @classmethod
+    def load(cls, export_dir: str | Path) -> "Manifest":
+        path = Path(export_dir) / MANIFEST_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: is {export_dir} an export directory?")
+        return cls.model_validate_json(path.read_text())
+
+    def save(self, export_dir: str | Path) -> None:
+        (Path(export_dir) / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,167 @@
+"""Export a SentenceEncoder to a servable directory: model.onnx + tokenizer + manifest.json.
+
+The graph holds the whole embedding path (transformer, pooling, head, L2 normalisation), so the
+service only tokenises and runs it. Every export is checked against torch on padded batches of
+mixed lengths before the manifest is written: a directory with a manifest is a verified export.
+
+    python -m training.export --model <HF dir or name | default> --out models/<name>
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from service.manifest import GRAPH_FILE, Manifest, sha256_file
+from training.default_model import DEFAULT_MODEL_NAME, resolve_model
+from training.encoder import POOLINGS, SentenceEncoder
+
+OPSET = 17
+OUTPUTS = ["embedding", "embedding_raw"]  # L2-normalised, and as pooled (for normalize=false)
+PARITY_TOLERANCE = 1e-4
+PARITY_SENTENCES = [
+    "A man is playing a guitar.",
+    "Hi",
+    "The quick brown fox jumps over the lazy dog while the farmer, who had seen it all before, "
+    "kept on ploughing his field under a grey November sky.",
+    "Stocks fell sharply on Monday.",
+    "naïve café déjà-vu — unicode survives tokenisation?",
+    " ".join(["long"] * 600),  # longer than any max_seq_length: exercises truncation
+]
+
+
+class ParityError(RuntimeError):
+    pass
+
+
+class _ExportGraph(nn.Module):
+    def __init__(self, encoder: SentenceEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        raw = self.encoder(input_ids, attention_mask, token_type_ids)
+        return nn.functional.normalize(raw, p=2, dim=-1), raw
+
+
+def _input_names(encoder: SentenceEncoder) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    return names + ["token_type_ids"] if encoder.uses_token_type_ids else names
+
+
+def _feeds(encoder: SentenceEncoder, texts: list[str]) -> dict[str, torch.Tensor]:
+    batch = encoder.tokenize(texts)
+    return {name: batch[name] for name in _input_names(encoder)}
+
+
+def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = PARITY_SENTENCES) -> float:
+    """Max |onnx − torch| over both outputs on one padded batch of mixed lengths."""
+    import onnxruntime as ort
+
+    feeds = _feeds(encoder, texts)
+    with torch.no_grad():
+        expected = [t.numpy() for t in _ExportGraph(encoder).eval()(**feeds)]
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    got = session.run(OUTPUTS, {k: v.numpy().astype(np.int64) for k, v in feeds.items()})
+    return float(max(np.abs(g - e).max() for g, e in zip(got, expected)))
+
+
+def export_onnx(
+    encoder: SentenceEncoder,
+    out_dir: str | Path,
+    *,
+    name: str | None = None,
+    method: str | None = None,
+    training: dict[str, Any] | None = None,
+    tolerance: float = PARITY_TOLERANCE,
+) -> Manifest:
+    """Write the export directory atomically: a failed parity check leaves nothing behind."""
+    out_dir = Path(out_dir)
+    encoder = encoder.to("cpu").eval()
+    input_names = _input_names(encoder)
+    dummy = _feeds(encoder, ["a short one", "a somewhat longer sentence to force padding"])
+    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    dynamic_axes.update({n: {0: "batch"} for n in OUTPUTS})
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from a non-root service user
+    try:
+        graph_path = staging / GRAPH_FILE
+        with torch.no_grad():
+            torch.onnx.export(
+                _ExportGraph(encoder),
+                tuple(dummy[n] for n in input_names),
+                str(graph_path),
+                input_names=input_names,
+                output_names=OUTPUTS,
+                dynamic_axes=dynamic_axes,
+                opset_version=OPSET,
+                do_constant_folding=True,
+                dynamo=False,  # the TorchScript exporter handles HF attention masks without onnxscript
+            )
+        diff = check_parity(encoder, graph_path)
+        if not diff <= tolerance:
+            raise ParityError(f"ONNX and torch differ by {diff:.2e} (> {tolerance:.0e}); export discarded")
+        encoder.tokenizer.save_pretrained(staging)
+        if not (staging / "tokenizer.json").is_file():
+            raise ValueError("the export needs a fast tokenizer (tokenizer.json); this model has none")
+        tok = encoder.tokenizer
+        manifest = Manifest(
+            name=name or out_dir.name,
+            base_model=encoder.base_model,
+            method=method,
+            pooling=encoder.pooling,
+            dimension=encoder.dim,
+            max_seq_length=encoder.max_seq_length,
+            opset=OPSET,
+            pad_token=tok.pad_token,
+            pad_token_id=tok.pad_token_id,
+            inputs=input_names,
+            outputs=OUTPUTS,
+            onnx_sha256=sha256_file(graph_path),
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            parity_max_abs_diff=diff,
+            training=training,
+        )
+        manifest.save(staging)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default", help="HF/sentence-transformers dir or hub name; "
+                        "'default' = the embedded all-MiniLM-L6-v2 (sha256-verified)")
+    parser.add_argument("--out", required=True, type=Path, help="export directory to write")
+    parser.add_argument("--pooling", choices=POOLINGS, help="override the model's own pooling config")
+    parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
+    parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
+    args = parser.parse_args(argv)
+
+    source = resolve_model(args.model)
+    encoder = SentenceEncoder.from_pretrained(source, args.pooling, args.max_seq_length)
+    if source != args.model:  # the embedded default: report its hub name, not a site-packages path
+        encoder.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+    manifest = export_onnx(encoder, args.out, name=args.name)
+    print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
+          f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
+    print(f"serve it with: MODEL_DIR={args.out} make serve")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
