@@ -54,3 +54,60 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"data folder {SHARED_DATA} not found (set DATA_DIR)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def default_export(tmp_path_factory) -> Path:
+    """The real embedded default model, exported once per test session (about 15 s)."""
+    from training.default_model import default_model_dir
+    from training.encoder import SentenceEncoder
+    from training.export import export_onnx
+
+    out = tmp_path_factory.mktemp("exports") / "all-MiniLM-L6-v2"
+    export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), out)
+    return out
+
+
+class LiveServer:
+    """The real app under uvicorn on a free localhost port, in a background thread."""
+
+    def __init__(self, settings):
+        import socket
+        import threading
+
+        import uvicorn
+
+        from service.app import create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.app = create_app(settings)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def live_service(default_export, tmp_path_factory):
+    """A running service on the default export: base URL in `.url`."""
+    from service.settings import Settings
+
+    settings = Settings(model_dir=default_export, max_inputs_per_request=256, max_input_chars=5000)
+    with LiveServer(settings) as server:
+        yield server

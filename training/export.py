@@ -63,6 +63,17 @@ def _feeds(encoder: SentenceEncoder, texts: list[str]) -> dict[str, torch.Tensor
     return {name: batch[name] for name in _input_names(encoder)}
 
 
+def _fix_output_dims(graph_path: Path, dim: int) -> None:
+    """Tracing leaves the embedding axis symbolic; state it, so clients can read dim from the graph."""
+    import onnx
+
+    model = onnx.load(str(graph_path))
+    for output in model.graph.output:
+        output.type.tensor_type.shape.dim[1].dim_value = dim
+    onnx.checker.check_model(model)
+    onnx.save(model, str(graph_path))
+
+
 def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = PARITY_SENTENCES) -> float:
     """Max |onnx − torch| over both outputs on one padded batch of mixed lengths."""
     import onnxruntime as ort
@@ -109,6 +120,7 @@ def export_onnx(
                 do_constant_folding=True,
                 dynamo=False,  # the TorchScript exporter handles HF attention masks without onnxscript
             )
+        _fix_output_dims(graph_path, encoder.dim)
         diff = check_parity(encoder, graph_path)
         if not diff <= tolerance:
             raise ParityError(f"ONNX and torch differ by {diff:.2e} (> {tolerance:.0e}); export discarded")

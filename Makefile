@@ -1,0 +1,41 @@
+# Entry points: `make serve` (set up + serve the default model), `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL ?= default
+MODEL_DIR ?= models/all-MiniLM-L6-v2
+PORT ?= 8080
+WORDNET_DIR ?= /usr/share/wordnet
+
+.PHONY: serve test export venv wordnet lint eval train-export
+
+# One environment for everything: the service itself never imports torch, but exporting does.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[train,eval,dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+$(MODEL_DIR)/manifest.json: | $(VENV)/.installed
+	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR)
+
+serve: venv $(MODEL_DIR)/manifest.json
+	SEMBED_MODEL_DIR=$(MODEL_DIR) SEMBED_PORT=$(PORT) $(PY) -m service
+
+export: venv
+	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR)
+
+# ConIsI's antonym strategy reads WordNet from Debian's packages.
+wordnet:
+	@test -f $(WORDNET_DIR)/data.adj || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wordnet-base wordnet-sense-index >/dev/null; \
+	  else echo "WordNet missing: sudo apt-get install wordnet-base wordnet-sense-index" >&2; exit 1; fi; }
+
+test: venv wordnet
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .

@@ -1,0 +1,137 @@
+"""ONNX export: parity with torch on padded batches, graph interface, manifest, failure modes."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from service.encoder import OnnxEncoder
+from service.manifest import Manifest, sha256_file
+from training.default_model import ChecksumError, verify_weights
+from training.encoder import SentenceEncoder
+from training.export import PARITY_SENTENCES, ParityError, check_parity, export_onnx
+
+MIXED = ["short", "a bit longer sentence here", "x " * 400, "", "Ünïcödé and emoji 🎸 survive"]
+
+
+def test_default_export_matches_torch_on_padded_batches(default_export, default_model_dir):
+    torch_model = SentenceEncoder.from_pretrained(default_model_dir)
+    onnx_model = OnnxEncoder(default_export)
+    expected = torch_model.encode(MIXED, batch_size=len(MIXED))
+    # One padded batch (embed) and length-sorted sub-batches (encode) must both match torch.
+    assert np.abs(onnx_model.embed(MIXED).normalized - expected).max() <= 1e-4
+    assert np.abs(onnx_model.encode(MIXED, batch_size=2) - expected).max() <= 1e-4
+    raw = onnx_model.encode(MIXED, normalize=False)
+    assert np.abs(raw - torch_model.encode(MIXED, normalize=False)).max() <= 1e-4
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+
+
+def test_default_export_matches_sentence_transformers(default_export, default_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(default_model_dir), device="cpu")
+    expected = reference.encode(MIXED, normalize_embeddings=True)
+    assert np.abs(OnnxEncoder(default_export).encode(MIXED) - expected).max() <= 1e-4
+
+
+def test_graph_has_dynamic_axes_and_token_type_ids(default_export):
+    graph = onnx.load(str(default_export / "model.onnx"), load_external_data=False).graph
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
+    assert inputs == {n: ["batch", "sequence"] for n in ("input_ids", "attention_mask", "token_type_ids")}
+    outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    assert outputs == {"embedding": ["batch", 384], "embedding_raw": ["batch", 384]}
+
+
+def test_manifest_describes_the_export(default_export):
+    manifest = Manifest.load(default_export)
+    assert manifest.dimension == 384
+    assert manifest.pooling == "mean"
+    assert manifest.max_seq_length == 256  # from the model's sentence_bert_config.json
+    assert manifest.onnx_sha256 == sha256_file(default_export / "model.onnx")
+    assert manifest.parity_max_abs_diff <= 1e-4
+    assert manifest.created_at and manifest.opset == 17
+    assert (default_export / "tokenizer.json").is_file()
+
+
+def test_truncation_follows_the_model_max_length(default_export):
+    encoder = OnnxEncoder(default_export)
+    long = " ".join(["word"] * 1000)
+    assert len(encoder.tokenizer.encode(long).ids) == 256
+    # Everything past 256 tokens is cut, so a longer tail changes nothing.
+    a, b = encoder.encode([long, long + " completely different ending"])
+    assert np.abs(a - b).max() < 1e-6
+
+
+@pytest.mark.parametrize("pooling", ["cls", "first_last_avg", "mean"])
+def test_each_pooling_exports_with_parity(tiny_model_dir, tmp_path, pooling):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, pooling=pooling, max_seq_length=32)
+    manifest = export_onnx(encoder, tmp_path / pooling)
+    assert manifest.pooling == pooling
+    expected = encoder.encode(MIXED)
+    assert np.abs(OnnxEncoder(tmp_path / pooling).encode(MIXED) - expected).max() <= 1e-4
+
+
+def test_poolings_differ(tiny_model_dir):
+    vectors = {p: SentenceEncoder.from_pretrained(tiny_model_dir, pooling=p).encode(["a test sentence"])
+               for p in ("cls", "first_last_avg", "mean")}
+    assert not np.allclose(vectors["cls"], vectors["mean"])
+    assert not np.allclose(vectors["first_last_avg"], vectors["mean"])
+
+
+def test_head_is_part_of_the_graph(tiny_model_dir, tmp_path):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    torch.manual_seed(1)
+    encoder.head = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU())
+    encoder.head.out_features = 16
+    manifest = export_onnx(encoder, tmp_path / "with-head")
+    assert manifest.dimension == 16
+    got = OnnxEncoder(tmp_path / "with-head").encode(PARITY_SENTENCES)
+    assert got.shape == (len(PARITY_SENTENCES), 16)
+    assert np.abs(got - encoder.encode(PARITY_SENTENCES)).max() <= 1e-4
+
+
+def test_failed_parity_leaves_nothing_behind(tiny_model_dir, tmp_path):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    with pytest.raises(ParityError):
+        export_onnx(encoder, tmp_path / "bad", tolerance=-1.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parity_check_detects_a_different_graph(tiny_model_dir, tmp_path):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    export_onnx(encoder, tmp_path / "a")
+    with torch.no_grad():
+        encoder.transformer.embeddings.word_embeddings.weight.mul_(1.5)
+    assert check_parity(encoder, tmp_path / "a" / "model.onnx") > 1e-3
+
+
+def test_tampered_graph_is_refused(tiny_model_dir, tmp_path):
+    from service.encoder import IntegrityError
+
+    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e")
+    with open(tmp_path / "e" / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(IntegrityError):
+        OnnxEncoder(tmp_path / "e")
+
+
+def test_default_weights_checksum(default_model_dir, tmp_path):
+    verify_weights(default_model_dir)  # the packaged weights are the published ones
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    shutil.copy(default_model_dir / "config.json", fake / "config.json")
+    (fake / "model.safetensors").write_bytes(b"not the real weights")
+    with pytest.raises(ChecksumError, match="sha256"):
+        verify_weights(fake)
+
+
+def test_export_cli(tiny_model_dir, tmp_path, capsys):
+    from training.export import main
+
+    assert main(["--model", str(tiny_model_dir), "--out", str(tmp_path / "cli"), "--pooling", "cls"]) == 0
+    manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
+    assert manifest["pooling"] == "cls" and manifest["name"] == "cli"
+    assert "make serve" in capsys.readouterr().out
