@@ -6,7 +6,10 @@ text); `../shared/data/` is one such source, never a hard-coded location.
 
 from __future__ import annotations
 
+import csv
+from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,263 @@ class ScoredPair:
 
 # What Objective.data_kind names, and the example type each kind yields.
 DATA_KINDS = {"unlabeled": str, "pairs": PairExample, "scored": ScoredPair}
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers. Each takes a local path and returns a list of one example type.
+
+#: NLI labels as CoSENT's ordinal similarity (§IV-D, Table II: "0, 1, 2").
+NLI_LABELS = {"contradiction": 0, "neutral": 1, "entailment": 2}
+STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
+SICK_FILES = {
+    "train": "SICK_train.txt",
+    "trial": "SICK_trial.txt",
+    "dev": "SICK_trial.txt",
+    "test": "SICK_test_annotated.txt",
+}
+SNLI_SPLITS = ("train", "dev", "test")
+
+
+def _take(items: list, limit: int | None) -> list:
+    return items if limit is None else items[:limit]
+
+
+def read_text(path: str | Path, limit: int | None = None) -> list[str]:
+    """One sentence per line (stripped); blank lines skipped; the first `limit` sentences."""
+    out: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(line)
+                if limit is not None and len(out) >= limit:
+                    break
+    return out
+
+
+def read_snli(snli_dir: str | Path, split: str = "train") -> list[tuple[str, str, str]]:
+    """(premise, hypothesis, label) from SentEval's SNLI layout: s1.<split>, s2.<split>, labels.<split>.
+
+    Lines end in a space in that layout, so every field is stripped. Labels other than the three NLI
+    ones (SNLI's "-": no gold label) are dropped.
+    """
+    d = Path(snli_dir)
+    cols = [(d / f"{name}.{split}").read_text(encoding="utf-8").splitlines() for name in ("s1", "s2", "labels")]
+    if not len(cols[0]) == len(cols[1]) == len(cols[2]):
+        raise ValueError(f"{d}: s1/s2/labels.{split} have {[len(c) for c in cols]} lines")
+    rows = []
+    for s1, s2, label in zip(*cols, strict=True):
+        label = label.strip().lower()
+        if label in NLI_LABELS:
+            rows.append((s1.strip(), s2.strip(), label))
+    return rows
+
+
+def nli_pairs(triples: list[tuple[str, str, str]]) -> list[PairExample]:
+    """Entailment pairs, each with a contradiction hypothesis of the same premise as hard negative
+    when the premise has one (the k-th entailment of a premise takes its k-th contradiction, cycling),
+    as SimCSE's supervised NLI set is built."""
+    contradictions: dict[str, list[str]] = defaultdict(list)
+    for premise, hypothesis, label in triples:
+        if label == "contradiction":
+            contradictions[premise].append(hypothesis)
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for premise, hypothesis, label in triples:
+        if label != "entailment":
+            continue
+        negs = contradictions.get(premise)
+        negative = negs[seen[premise] % len(negs)] if negs else None
+        seen[premise] += 1
+        out.append(PairExample(premise, hypothesis, negative))
+    return out
+
+
+def read_snli_pairs(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[PairExample]:
+    return _take(nli_pairs(read_snli(snli_dir, split)), limit)
+
+
+def read_snli_scored(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[ScoredPair]:
+    """Every labelled pair, label contradiction 0 < neutral 1 < entailment 2."""
+    return _take([ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in read_snli(snli_dir, split)], limit)
+
+
+def _read_nli_csv(path: str | Path) -> list[dict[str, str]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and not {"sent0", "sent1"} <= set(rows[0]):
+        raise ValueError(f"{path}: expected a header with sent0,sent1[,hard_neg], got {list(rows[0])}")
+    return rows
+
+
+def read_nli_csv_pairs(path: str | Path, limit: int | None = None) -> list[PairExample]:
+    """SimCSE's NLI CSV (quoted, header sent0,sent1,hard_neg; hard_neg optional or empty)."""
+    rows = _read_nli_csv(path)
+    return _take([PairExample(r["sent0"], r["sent1"], r.get("hard_neg") or None) for r in rows], limit)
+
+
+def read_nli_csv_scored(path: str | Path, limit: int | None = None) -> list[ScoredPair]:
+    """SimCSE's NLI CSV as ordinal pairs: (sent0, sent1) entailment 2, (sent0, hard_neg) contradiction 0."""
+    out = []
+    for r in _read_nli_csv(path):
+        out.append(ScoredPair(r["sent0"], r["sent1"], float(NLI_LABELS["entailment"])))
+        if r.get("hard_neg"):
+            out.append(ScoredPair(r["sent0"], r["hard_neg"], float(NLI_LABELS["contradiction"])))
+    return _take(out, limit)
+
+
+def read_stsb(stsb_dir: str | Path, split: str = "train", limit: int | None = None) -> list[ScoredPair]:
+    """STS-B sts-<split>.csv: tab separated genre, file, year, id, score, sentence1, sentence2[, ...].
+
+    Read with csv.QUOTE_NONE: sentences contain unbalanced quotes, and some distributions append
+    extra columns (sources) after sentence2, which are ignored. Scores are 0–5.
+    """
+    path = Path(stsb_dir) / STSB_FILES[split]
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for n, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+            if not row or row == [""]:
+                continue
+            if len(row) < 7:
+                raise ValueError(f"{path}:{n}: expected at least 7 tab-separated fields, got {len(row)}")
+            out.append(ScoredPair(row[5].strip(), row[6].strip(), float(row[4])))
+    return _take(out, limit)
+
+
+def read_stsb_pairs(
+    stsb_dir: str | Path, splits: tuple[str, ...] = ("train",), threshold: float = 4.0, limit: int | None = None
+) -> list[PairExample]:
+    """CLSR's STS positives (§4.1): STS-B pairs scored strictly above `threshold`.
+
+    The paper filters all 8,628 pairs (train + dev + test); the default uses train only so the
+    evaluation splits stay unseen. Pass splits=("train", "dev", "test") for the paper's set.
+    """
+    out = [PairExample(p.sentence1, p.sentence2) for s in splits for p in read_stsb(stsb_dir, s) if p.label > threshold]
+    return _take(out, limit)
+
+
+def read_sick(
+    sick_dir: str | Path, split: str = "train", label: str = "relatedness", limit: int | None = None
+) -> list[ScoredPair]:
+    """SICK_{train,trial,test_annotated}.txt (tab separated, header pair_ID, sentence_A, sentence_B,
+    relatedness_score, entailment_judgment). label="relatedness": the 1–5 score; label="entailment":
+    CONTRADICTION 0 < NEUTRAL 1 < ENTAILMENT 2 (CoSENT Table II lists both)."""
+    if label not in ("relatedness", "entailment"):
+        raise ValueError(f"label must be 'relatedness' or 'entailment', not {label!r}")
+    path = Path(sick_dir) / SICK_FILES[split]
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            y = (
+                float(row["relatedness_score"])
+                if label == "relatedness"
+                else float(NLI_LABELS[row["entailment_judgment"].strip().lower()])
+            )
+            out.append(ScoredPair(row["sentence_A"].strip(), row["sentence_B"].strip(), y))
+    return _take(out, limit)
+
+
+# Where each named source lives under a data folder: the shared-data layout (senteval/...),
+# SentEval's own (data/downstream/...), or the folder itself; the first that has the marker wins.
+_LAYOUTS = {
+    "stsb": (
+        ["senteval/STS/STSBenchmark", "downstream/STS/STSBenchmark", "STS/STSBenchmark", "STSBenchmark", "."],
+        "sts-dev.csv",
+    ),
+    "sick": (["senteval/SICK", "downstream/SICK", "SICK", "."], "SICK_trial.txt"),
+    "snli": (["senteval/SNLI", "downstream/SNLI", "SNLI", "."], None),
+}
+
+
+def find_source_dir(name: str, data_dir: str | Path) -> Path:
+    """The folder of a named source (stsb, sick, snli) under `data_dir`."""
+    candidates, marker = _LAYOUTS[name]
+    for rel in candidates:
+        d = Path(data_dir) / rel
+        if marker is not None and (d / marker).is_file():
+            return d
+        if marker is None and d.is_dir() and any(d.glob("s1.*")):
+            return d
+    raise FileNotFoundError(f"no {name} data under {data_dir} (looked in {', '.join(candidates)})")
+
+
+def _unique_sentences(examples: list) -> list[str]:
+    sents: list[str] = []
+    for e in examples:
+        if isinstance(e, PairExample):
+            sents += [e.anchor, e.positive] + ([e.negative] if e.negative else [])
+        else:
+            sents += [e.sentence1, e.sentence2]
+    return list(dict.fromkeys(sents))
+
+
+def _resolve_file(path: str, data_dir: str | Path | None) -> Path:
+    p = Path(path)
+    if not p.is_file() and data_dir is not None and (Path(data_dir) / p).is_file():
+        return Path(data_dir) / p
+    return p
+
+
+def load_examples(
+    kind: str,
+    source: str,
+    data_dir: str | Path | None = None,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+) -> list:
+    """Training examples of `kind` ("unlabeled" | "pairs" | "scored") from a named source.
+
+    Sources (a named source may carry its splits, "+"-joined, after a colon: "stsb:train+dev"; else
+    `split` is used; their folder is found under `data_dir`, see find_source_dir):
+      stsb              scored: STS-B score 0–5          pairs: score > 4 (CLSR)
+      sick              scored: SICK relatedness 1–5     (sick-nli: SICK entailment as 0/1/2)
+      snli              scored: NLI 0/1/2 (contradiction < neutral < entailment)
+                        pairs: entailment pairs, a contradiction of the same premise as hard negative
+      nli-csv:<path>    SimCSE's CSV (sent0,sent1,hard_neg). pairs: as is; scored: (sent0, sent1) 2,
+                        (sent0, hard_neg) 0
+      text:<path>       unlabeled only: one sentence per line
+    A <path> that does not exist as given is looked up under `data_dir`. "unlabeled" from any
+    labelled source gives its distinct sentences. `limit` keeps the first N examples.
+    """
+    if kind not in DATA_KINDS:
+        raise ValueError(f"unknown data kind {kind!r}; choose from {', '.join(DATA_KINDS)}")
+    name, _, arg = source.partition(":")
+    name = name.strip().lower()
+
+    if name == "text":
+        if kind != "unlabeled":
+            raise ValueError(f"source {source!r} only gives unlabeled sentences, not {kind!r}")
+        return read_text(_resolve_file(arg, data_dir), limit)
+
+    if name == "nli-csv":
+        path = _resolve_file(arg, data_dir)
+        examples = read_nli_csv_scored(path) if kind == "scored" else read_nli_csv_pairs(path)
+        return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
+
+    if name not in ("stsb", "sick", "sick-nli", "snli"):
+        raise ValueError(f"unknown source {source!r}; see training.data.load_examples for the names")
+    if data_dir is None:
+        raise ValueError(f"source {source!r} needs a data_dir")
+    splits = tuple(s.strip() for s in (arg or split).split("+"))
+    examples: list = []
+    if name == "stsb":
+        d = find_source_dir("stsb", data_dir)
+        if kind == "pairs":
+            examples = read_stsb_pairs(d, splits)
+        else:
+            examples = [p for s in splits for p in read_stsb(d, s)]
+    elif name in ("sick", "sick-nli"):
+        if kind == "pairs":
+            raise ValueError(f"source {source!r} gives scored pairs, not positive pairs")
+        d = find_source_dir("sick", data_dir)
+        label = "entailment" if name == "sick-nli" else "relatedness"
+        examples = [p for s in splits for p in read_sick(d, s, label=label)]
+    else:  # snli
+        d = find_source_dir("snli", data_dir)
+        triples = [t for s in splits for t in read_snli(d, s)]
+        if kind == "pairs":
+            examples = nli_pairs(triples)
+        else:
+            examples = [ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in triples]
+    return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)

@@ -1,0 +1,145 @@
+"""CoSENT (Huang et al., "CoSENT: Consistent Sentence Embedding via Similarity Ranking", §III-B).
+
+A ranking loss over the pairs of a batch: every pair whose label is higher must get a higher score
+than every pair whose label is lower,
+
+    L = log(1 + Σ_{sim(i,j) > sim(k,l)} exp(λ (s(k,l) − s(i,j))))          (Eq. 10)
+
+with s = cos(u_i, u_j) of siamese sentence embeddings (Eq. 8 for binary labels, Eq. 10 for any
+sortable label: STS scores, 0/1, NLI as contradiction 0 < neutral 1 < entailment 2), or s = f(i, j),
+the logit of a cross-encoder (Eq. 11). λ = 20 for every dataset (§IV-C). Ties never contribute,
+so a batch whose labels are all equal has loss exactly log(1) = 0 and no gradient: CoSENT asks for
+the "mixed_labels" batch sampler (training/sampling.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from training.data import ScoredPair
+from training.distributed import gather_with_grad, is_distributed
+from training.encoder import SentenceEncoder
+from training.objectives.base import Objective
+
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def cosent_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """Eq. 10 / 11 for one batch: scores [N] (cosines or logits), labels [N] (any sortable value).
+
+    The sum runs over ordered pairs (a, b) with labels[a] > labels[b] (strictly: ties are skipped),
+    each term exp(λ (scores[b] − scores[a])); the leading 1 is the e^0 term of the log-sum-exp.
+    O(N²) memory, which is nothing at the paper's batch sizes (16 and 64).
+    """
+    scores = scores.float() * scale
+    labels = labels.to(scores.device, torch.float32)
+    higher = labels[:, None] > labels[None, :]  # [a, b]: pair a must out-score pair b
+    diffs = (scores[None, :] - scores[:, None])[higher]  # λ(s_b − s_a) for each ranked (a, b)
+    return torch.logsumexp(torch.cat([scores.new_zeros(1), diffs]), dim=0)
+
+
+def _gathered_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
+    """Rank the pairs of all GPUs together, as one big batch would be ranked.
+
+    Every rank computes the same global loss but back-propagates only through its own scores and
+    DDP then averages the gradients over ranks, so the loss is multiplied by the world size to give
+    exactly the single-process gradient of the global batch. Identity on one process.
+    """
+    if not is_distributed():
+        return cosent_loss(scores, labels, scale)
+    scores = gather_with_grad(scores)
+    labels = gather_with_grad(labels.to(scores.dtype).contiguous())
+    return cosent_loss(scores, labels, scale) * dist.get_world_size()
+
+
+class CoSENT(Objective):
+    """Siamese CoSENT (§III-B, Fig. 2a): each side embedded separately by the shared encoder.
+
+    forward: u, v = encoder(sentence1), encoder(sentence2)   (one pass over the 2B sentences)
+             s = cos(u, v)                                   (un-normalised pooled embeddings)
+             loss = cosent_loss(s, label, λ)                 (Eq. 10; Eq. 8 for 0/1 labels)
+
+    `pooling`: the paper uses mean pooling in its supervised experiments (§IV-C, Table VIII), and
+    first-last (BERT) / CLS (RoBERTa) for its NLI-only runs; None keeps the encoder's own pooling.
+    """
+
+    name: ClassVar[str] = "cosent"
+    data_kind: ClassVar[str] = "scored"
+    #: all-equal labels give zero loss and no gradient, so batches must mix labels (training/sampling.py)
+    batch_sampler: ClassVar[str | None] = "mixed_labels"
+
+    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, pooling: str | None = "mean"):
+        super().__init__(encoder)
+        self.scale = scale
+        if pooling is not None:
+            encoder.pooling = pooling
+
+    def collate(self, examples: list[ScoredPair]) -> dict[str, Any]:
+        texts = [e.sentence1 for e in examples] + [e.sentence2 for e in examples]
+        features = self.encoder.tokenize(texts)
+        return {
+            "features": {k: v for k, v in features.items() if k in _MODEL_INPUTS},
+            "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
+        }
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        emb = self.encoder(**batch["features"])
+        n = batch["labels"].shape[0]
+        cos = F.cosine_similarity(emb[:n].float(), emb[n:].float(), dim=-1)
+        loss = _gathered_loss(cos, batch["labels"], self.scale)
+        return {"loss": loss, "mean_cos": cos.detach().mean()}
+
+
+class CoSENTCrossEncoder(nn.Module):
+    """Interaction-based CoSENT (§III-B-3, Eq. 11; Fig. 2c): the transformer reads the pair
+    "[CLS] s1 [SEP] s2 [SEP]", the [CLS] state goes through a linear layer to one logit f(i, j), and
+    the same ranking loss is applied to the logits. At inference the logit is the similarity score.
+
+    Not a METHOD: it scores pairs and produces no sentence embedding, so it cannot be exported to
+    the embedding service. It follows the objective's collate/forward shape so the same loop can
+    drive it. `dropout` before the linear layer follows the usual sequence-classification head
+    (the paper does not describe the head beyond "fully connected layer").
+    """
+
+    data_kind: ClassVar[str] = "scored"
+    batch_sampler: ClassVar[str | None] = "mixed_labels"
+
+    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, dropout: float = 0.1):
+        super().__init__()
+        self.encoder = encoder
+        self.scale = scale
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(encoder.transformer.config.hidden_size, 1)
+
+    def collate(self, examples: list[ScoredPair]) -> dict[str, Any]:
+        features = self.encoder.tokenize([e.sentence1 for e in examples], [e.sentence2 for e in examples])
+        return {
+            "features": {k: v for k, v in features.items() if k in _MODEL_INPUTS},
+            "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
+        }
+
+    def logits(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """f(i, j) for each pair: [B]."""
+        out = self.encoder.transformer_outputs(**features)
+        cls = out.last_hidden_state[:, 0]
+        return self.classifier(self.dropout(cls)).squeeze(-1)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        f = self.logits(batch["features"])
+        return {"loss": _gathered_loss(f, batch["labels"], self.scale), "mean_logit": f.detach().mean()}
+
+    @torch.no_grad()
+    def predict(self, pairs: list[tuple[str, str]]) -> torch.Tensor:
+        """Similarity scores (logits) for sentence pairs, in eval mode."""
+        was_training = self.training
+        self.eval()
+        batch = self.collate([ScoredPair(a, b, 0.0) for a, b in pairs])
+        device = self.classifier.weight.device
+        f = self.logits({k: v.to(device) for k, v in batch["features"].items()})
+        self.train(was_training)
+        return f.cpu()
