@@ -1,0 +1,179 @@
+"""The service over real HTTP on the real default export: endpoints, errors, batching, metrics."""
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+GUITAR = "A man is playing a guitar."
+
+
+@pytest.fixture(scope="module")
+def client(live_service):
+    with httpx.Client(base_url=live_service.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def empty_index(client):
+    client.delete("/index")
+    yield
+    client.delete("/index")
+
+
+def test_embed_returns_unit_vectors_of_the_model_dimension(client):
+    # Exactly the README's curl: no content-type header, so curl's form label must still read as JSON.
+    r = client.post("/embed", content=b'{"inputs":["A man is playing a guitar."]}',
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["dim"] == 384 and body["model"] == "all-MiniLM-L6-v2"
+    assert len(body["embeddings"]) == 1 and len(body["embeddings"][0]) == 384
+    assert np.linalg.norm(body["embeddings"][0]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_embed_single_string_and_order(client, default_export):
+    from service.encoder import OnnxEncoder
+
+    texts = ["first sentence", "B", "a third, much longer sentence than the other two"]
+    batch = np.array(client.post("/embed", json={"inputs": texts}).json()["embeddings"])
+    single = np.array(client.post("/embed", json={"inputs": texts[1]}).json()["embeddings"])
+    assert batch.shape == (3, 384) and single.shape == (1, 384)
+    assert np.abs(batch[1] - single[0]).max() < 1e-5
+    assert np.abs(batch - OnnxEncoder(default_export).encode(texts)).max() < 1e-5
+
+
+def test_embed_without_normalisation(client):
+    raw = np.array(client.post("/embed", json={"inputs": [GUITAR], "normalize": False}).json()["embeddings"][0])
+    unit = np.array(client.post("/embed", json={"inputs": [GUITAR]}).json()["embeddings"][0])
+    assert abs(np.linalg.norm(raw) - 1) > 1e-3
+    assert np.abs(raw / np.linalg.norm(raw) - unit).max() < 1e-5
+
+
+def test_similarity_ranks_paraphrase_above_unrelated(client):
+    r = client.post("/similarity", json={"source_sentence": GUITAR,
+                                         "sentences": ["A person plays the guitar.", "Stocks fell sharply on Monday."]})
+    assert r.status_code == 200
+    paraphrase, unrelated = r.json()["scores"]
+    assert paraphrase > 0.7 and unrelated < 0.2 and paraphrase > unrelated
+
+
+def test_index_then_search_returns_own_document_first(client, empty_index):
+    docs = [
+        {"id": "guitar", "text": GUITAR, "metadata": {"lang": "en", "n": 1}},
+        {"id": "stocks", "text": "Stocks fell sharply on Monday."},
+        {"id": "cat", "text": "A cat is sleeping on the sofa."},
+        {"id": "rain", "text": "Heavy rain is expected tomorrow in the north."},
+    ]
+    r = client.post("/index/documents", json={"documents": docs})
+    assert r.json() == {"added": 4, "total": 4}
+    results = client.post("/search", json={"query": [d["text"] for d in docs], "k": 4}).json()["results"]
+    for doc, hits in zip(docs, results):
+        assert hits[0]["id"] == doc["id"] and hits[0]["text"] == doc["text"]
+        assert hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+        assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    assert results[0][0]["metadata"] == {"lang": "en", "n": 1}
+    hits = client.post("/search", json={"query": "Who is making music?", "k": 2}).json()["results"]
+    assert len(hits) == 1 and hits[0][0]["id"] == "guitar" and len(hits[0]) == 2
+
+
+def test_readding_an_id_replaces_it_and_delete_removes_it(client, empty_index):
+    client.post("/index/documents", json={"documents": [{"id": "a", "text": "The weather is sunny."}]})
+    client.post("/index/documents", json={"documents": [{"id": "a", "text": "Quantum computers use qubits."}]})
+    hits = client.post("/search", json={"query": "qubits", "k": 5}).json()["results"][0]
+    assert [(h["id"], h["text"]) for h in hits] == [("a", "Quantum computers use qubits.")]
+    assert client.delete("/index/documents/a").json() == {"deleted": 1, "total": 0}
+    assert client.delete("/index/documents/a").status_code == 404
+    assert client.post("/search", json={"query": "qubits", "k": 5}).json() == {"results": [[]]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/embed", b"{not json"),
+        ("/embed", b'{"inputs": []}'),
+        ("/embed", b'{"inputs": 5}'),
+        ("/embed", b'{"inputs": ["ok", null]}'),
+        ("/embed", b'{"input": ["misspelt field"]}'),
+        ("/embed", b'[1, 2]'),
+        ("/embed", b''),
+        ("/similarity", b'{"source_sentence": "a", "sentences": []}'),
+        ("/similarity", b'{"sentences": ["a"]}'),
+        ("/search", b'{"query": "a", "k": 0}'),
+        ("/search", b'{"query": "a", "k": "ten"}'),
+        ("/search", b'{"query": []}'),
+        ("/search", b'{"query": "a", "k": 100000}'),
+        ("/index/documents", b'{"documents": []}'),
+        ("/index/documents", b'{"documents": [{"id": "", "text": "x"}]}'),
+        ("/index/documents", b'{"documents": [{"id": "1"}]}'),
+        ("/index/documents", b'{"documents": [{"id": "1", "text": "x"}, {"id": "1", "text": "y"}]}'),
+        ("/index/documents", b'{"documents": [{"id": "1", "text": "x", "metadata": [1]}]}'),
+    ],
+)
+def test_malformed_requests_get_422_with_a_json_error(client, path, body):
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]
+
+
+def test_oversized_requests_get_413(client, live_service):
+    limit = live_service.app.state.settings.max_inputs_per_request
+    r = client.post("/embed", json={"inputs": ["x"] * (limit + 1)})
+    assert r.status_code == 413 and str(limit) in r.json()["error"]
+    r = client.post("/embed", json={"inputs": ["y" * 5001]})
+    assert r.status_code == 413 and "characters" in r.json()["error"]
+
+
+def test_failed_index_request_adds_nothing(client, empty_index):
+    r = client.post("/index/documents", json={"documents": [{"id": "ok", "text": "fine"}, {"id": "big", "text": "z" * 6000}]})
+    assert r.status_code == 413
+    assert client.get("/info").json()["index_documents"] == 0
+
+
+def test_unknown_route_and_method(client):
+    assert client.get("/nope").status_code == 404
+    assert client.get("/nope").json()["error"]
+    assert client.get("/embed").status_code == 405
+
+
+def test_ops_endpoints(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    info = client.get("/info").json()
+    assert info["manifest"]["dimension"] == 384 and info["manifest"]["max_seq_length"] == 256
+    client.post("/embed", json={"inputs": ["count me"]})
+    text = client.get("/metrics").text
+    assert 'sembed_requests_total{route="/embed",status="200"}' in text
+    assert "sembed_batch_size_bucket" in text and "sembed_embedded_texts_total" in text
+
+
+def test_openapi_documents_every_endpoint(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/embed", "/similarity", "/search", "/index/documents", "/healthz", "/readyz", "/metrics", "/info"):
+        assert path in paths
+    assert "EmbedRequest" in str(paths["/embed"])
+
+
+def test_concurrent_requests_share_batches_and_keep_their_rows(live_service):
+    texts = [f"sentence number {i} about topic {i % 7}" for i in range(48)]
+
+    async def run():
+        async with httpx.AsyncClient(base_url=live_service.url, timeout=60) as c:
+            before = _histogram_count(await c.get("/metrics"))
+            rs = await asyncio.gather(*(c.post("/embed", json={"inputs": [t]}) for t in texts))
+            after = _histogram_count(await c.get("/metrics"))
+            return [r.json()["embeddings"][0] for r in rs], after - before
+
+    got, forward_passes = asyncio.run(run())
+    expected = np.array(httpx.post(f"{live_service.url}/embed", json={"inputs": texts}, timeout=60).json()["embeddings"])
+    assert np.abs(np.array(got) - expected).max() < 1e-5  # every response got its own row back
+    assert forward_passes < len(texts)  # and requests were batched together
+
+
+def _histogram_count(response) -> int:
+    for line in response.text.splitlines():
+        if line.startswith("sembed_batch_size_count"):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no batch size histogram")
