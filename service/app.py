@@ -53,8 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # --- errors: always a JSON body naming the problem ---------------------------------------
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):
-        return JSONResponse(status_code=422, content={"error": "invalid request",
-                                                      "detail": jsonable_encoder(exc.errors())})
+        detail = [{k: e[k] for k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"error": "invalid request", "detail": jsonable_encoder(detail)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
