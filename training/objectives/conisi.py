@@ -1,0 +1,198 @@
+"""ConIsI (Sun et al., "Contrastive Learning with Inter-Sentence Interaction for Self-Supervised
+Sentence Representation", §3): SimCSE-style contrastive learning whose positive is the sentence
+repeated as a sentence pair, plus a classifier that tells that pair from a pair with a
+"different" sentence.
+
+For a batch B = {x_i} (max length L) the encoder reads three inputs, sharing all weights:
+    x_i                       single sentence, max length L            (encoder 1, §3.1.3)
+    Y_i = [x_i; x_i]          augmented pair, max length 2L            (§3.1.1, encoder 2)
+    Z_i = [x_i; c_i]          composed pair,  max length 2L            (§3.1.2, encoder 2)
+Pairs are real tokenizer pairs: BERT sees [CLS] x [SEP] c [SEP] with token_type_ids 0/1, RoBERTa
+<s> x </s></s> c </s>. x is first cut to L tokens, so both halves of Y are the same tokens
+(Y = {t1..tl, t1..tl}, §3.1.1) and Y never needs truncating; a longer c is cut to fit 2L.
+
+With h the pooled [CLS] state of each input (Eq. 1, 5):
+    g(h) = ELU(BN(W1·h + b1))                                  (Eq. 2, the CL head)
+    ℓI_i  = −log e^{sim(g(hx_i), g(hY_i))/τ} / Σ_j e^{sim(g(hx_i), g(hY_j))/τ}   (Eq. 3, τ = 0.05)
+    r(h) = W3·ELU(BN(W2·h + b2)) + b3,  W2, b2, BN ≡ W1, b1, BN (Eq. 6–7: shared with g)
+    ℓII_i = −log e^{r(hY_i)} / (e^{r(hY_i)} + e^{r(hZ_i)})      (Eq. 8)
+    L = (1 − λ)·mean ℓI + λ·mean ℓII                            (Eq. 4, 9, 10)
+So f(h) = W3·g(h) + b3: the interaction classifier is one linear layer on top of the CL head.
+Inference: the [CLS] of the single-sentence input, no head (§4.2).
+
+Readings where the paper is ambiguous (all keywords):
+- W3 (`logit_dim`). Eq. 7 says W3 ∈ R^{d×d} and r ∈ R^d, but Eq. 8 exponentiates r as one
+  number per pair ("predict whether each pair is in the same category"). Default logit_dim=1:
+  W3 ∈ R^{1×d}, one logit per pair, Eq. 8 as written. logit_dim=None takes the stated shape
+  W3 ∈ R^{d×d} and applies Eq. 8 to each of r's d components, averaging (d binary classifiers).
+  Either way ℓII = softplus(r_Z − r_Y).
+- BatchNorm batch (`batchnorm`). BN is shared by g and f; "joint" (default) normalises x, Y and Z
+  rows of a batch together in one BN call (one set of statistics for the one shared layer, and
+  the Y-vs-Z mean difference the classifier needs survives normalisation); "separate" normalises
+  each group with its own batch statistics.
+- λ (`interactive_weight`). Table 3: 0.8 for BERT-base, 0.1 for RoBERTa-base and for BERT-large.
+  None picks 0.1 for RoBERTa-family encoders and for hidden size ≥ 1024, else 0.8.
+- Strategy for c (`strategy`, §3.2): "o1" sub-word replacement, "o2" WordNet antonyms, "s" another
+  sentence of the batch. Default "s": the paper's final model (§4.7.1) and its best with BERT
+  (Table 6; with RoBERTa o1 scored higher). A batch of one sentence has no other sentence, so "s"
+  falls back to "o1" for it.
+- o1's proportion is not given in the paper; `subword_proportion` = 0.15, BERT's MLM rate, whose
+  80%/20% rule ConIsI uses. o2's rate is not given either: `antonym_probability` (0.5) per
+  antonym-bearing word, at least one per sentence.
+- Pooling: [CLS] (`pooling`="cls"); a preset may override it (the encoder's pooling is then used
+  for h everywhere, training and inference alike).
+- Multi-GPU: the contrastive negatives g(hY_j) are gathered from all ranks; BN statistics and the
+  "s" partner are per rank (SimCSE/ConIsI code paths without SyncBN).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.augment.construct import (
+    ANTONYM_PROBABILITY,
+    SUBWORD_PROPORTION,
+    SUBWORD_RANDOM_SHARE,
+    antonym_replace,
+    other_indices,
+    subword_replace,
+)
+from training.augment.wordnet import DEFAULT_WORDNET_DIR, Antonyms
+from training.encoder import SentenceEncoder
+from training.objectives.base import Objective
+from training.objectives.simcse import info_nce, model_inputs
+
+STRATEGIES = ("o1", "o2", "s")
+BATCHNORM_MODES = ("joint", "separate")
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+
+
+def default_interactive_weight(config) -> float:
+    """λ from Table 3: 0.8 for BERT-base, 0.1 for RoBERTa-base and BERT-large."""
+    if config.model_type in ROBERTA_TYPES or getattr(config, "hidden_size", 0) >= 1024:
+        return 0.1
+    return 0.8
+
+
+class ConIsI(Objective):
+    name: ClassVar[str] = "conisi"
+    data_kind: ClassVar[str] = "unlabeled"
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        strategy: str = "s",
+        interactive_weight: float | None = None,
+        temperature: float = 0.05,
+        pooling: str | None = "cls",
+        max_length: int | None = 32,
+        subword_proportion: float = SUBWORD_PROPORTION,
+        subword_random_share: float = SUBWORD_RANDOM_SHARE,
+        antonym_probability: float = ANTONYM_PROBABILITY,
+        wordnet_dir: str | Path = DEFAULT_WORDNET_DIR,
+        batchnorm: str = "joint",
+        logit_dim: int | None = 1,
+    ):
+        super().__init__(encoder)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
+        if batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"unknown batchnorm {batchnorm!r}; choose from {BATCHNORM_MODES}")
+        if pooling is not None:
+            encoder.pooling = pooling
+        config = encoder.transformer.config
+        self.strategy = strategy
+        self.interactive_weight = (
+            default_interactive_weight(config) if interactive_weight is None else float(interactive_weight)
+        )
+        self.temperature = temperature
+        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
+        limit = getattr(config, "max_position_embeddings", 512) - (2 if config.model_type in ROBERTA_TYPES else 0)
+        self.pair_max_length = min(2 * self.max_length, limit)  # "set double" (§3.1.3)
+        self.subword_proportion = subword_proportion
+        self.subword_random_share = subword_random_share
+        self.antonym_probability = antonym_probability
+        self.antonyms = Antonyms(wordnet_dir)
+        if strategy == "o2":
+            self.antonyms.check()  # fail now, with the apt package named, not in a DataLoader worker
+        special = set(encoder.tokenizer.all_special_ids)
+        # a plain CPU tensor, not a buffer: collate runs on CPU (in DataLoader workers)
+        self.vocab_ids = torch.tensor([i for i in range(len(encoder.tokenizer)) if i not in special])
+        self.batchnorm = batchnorm
+        d = encoder.dim
+        # g (Eq. 2) = the W2/b2/BN/ELU part of f (Eq. 6): one module serves both
+        self.head = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
+        self.classifier = nn.Linear(d, d if logit_dim is None else logit_dim)  # W3, b3 (Eq. 7)
+
+    def prepare(self, examples: list, device: torch.device) -> None:
+        if self.strategy == "o2":
+            self.antonyms.table  # build once here, so forked DataLoader workers inherit it
+
+    # ---- batch construction (CPU, DataLoader workers) ----
+    def collate(self, examples: list[str], generator: torch.Generator | None = None) -> dict[str, Any]:
+        tok = self.encoder.tokenizer
+        texts = list(examples)
+        single = tok(texts, padding=True, truncation=True, max_length=self.max_length, return_offsets_mapping=True,
+                     return_tensors="pt")
+        # x cut to its first L tokens, as text: the pair halves then tokenise to the same ids
+        cut = []
+        for i, text in enumerate(texts):
+            ends = [int(single["offset_mapping"][i, j, 1]) for j, s in enumerate(single.sequence_ids(i)) if s == 0]
+            cut.append(text[: ends[-1]] if ends else "")
+        strategy = "o1" if self.strategy == "s" and len(texts) < 2 else self.strategy
+        if strategy == "s":
+            partner = other_indices(len(cut), generator)
+            composed = [cut[k] for k in partner.tolist()]
+        elif strategy == "o2":
+            composed = [
+                antonym_replace(x, self.antonyms, self.antonym_probability, generator=generator) for x in cut
+            ]
+        else:
+            composed = cut  # corrupted at the token level below
+        pairs = tok(cut + cut, cut + composed, padding=True, truncation=True, max_length=self.pair_max_length,
+                    return_tensors="pt")
+        if strategy == "o1":
+            n = len(cut)
+            second = torch.tensor(
+                [[s == 1 for s in pairs.sequence_ids(i)] for i in range(2 * n)], dtype=torch.bool
+            )
+            second[:n] = False  # only Z's second sentence is c; Y stays [x; x]
+            pairs["input_ids"], _, _ = subword_replace(
+                pairs["input_ids"], second, self.vocab_ids, self.subword_proportion, self.subword_random_share,
+                generator,
+            )
+        return {"single": model_inputs(single), "pairs": model_inputs(pairs)}
+
+    # ---- losses ----
+    def project(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
+        """g(h) = ELU(BN(W1·h + b1)) for the three groups (Eq. 2 / Eq. 6)."""
+        if self.batchnorm == "joint":
+            return list(self.head(torch.cat([h_x, h_y, h_z])).split([len(h_x), len(h_y), len(h_z)]))
+        return [self.head(h) for h in (h_x, h_y, h_z)]
+
+    def losses(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Eq. 2–10 from the pooled states of x, Y and Z ([N, d] each)."""
+        g_x, g_y, g_z = self.project(h_x, h_y, h_z)
+        contrastive = info_nce(g_x, g_y, self.temperature)  # Eq. 3–4
+        r_y, r_z = self.classifier(g_y).float(), self.classifier(g_z).float()  # Eq. 7
+        interactive = F.softplus(r_z - r_y).mean()  # Eq. 8–9: −log e^rY/(e^rY + e^rZ)
+        lam = self.interactive_weight
+        return {
+            "loss": (1 - lam) * contrastive + lam * interactive,  # Eq. 10
+            "loss_contrastive": contrastive.detach(),
+            "loss_interactive": interactive.detach(),
+            "interactive_acc": (r_y > r_z).float().mean().detach(),
+        }
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        h_x = self.encoder(**batch["single"])  # encoder 1
+        h_y, h_z = self.encoder(**batch["pairs"]).chunk(2)  # encoder 2 (same weights)
+        return self.losses(h_x, h_y, h_z)
+
+    def inference_encoder(self) -> SentenceEncoder:
+        return self.encoder  # [CLS] of the single sentence, no CL head or classifier (§4.2)

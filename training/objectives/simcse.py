@@ -1,0 +1,101 @@
+"""Unsupervised SimCSE (Gao et al., 2021, "SimCSE: Simple Contrastive Learning of Sentence
+Embeddings", §3), the baseline ConIsI (§4.4, Table 4) and the other papers compare against.
+
+Each sentence x_i is encoded twice; the two passes see different dropout masks (the loop calls
+train()), which is the only augmentation:
+
+    h_i = MLP(enc(x_i; dropout z)),  h_i⁺ = MLP(enc(x_i; dropout z'))     MLP = tanh(W·h + b)
+    ℓ_i = −log  e^{sim(h_i, h_i⁺)/τ} / Σ_j e^{sim(h_i, h_j⁺)/τ}             (SimCSE Eq. 3, τ = 0.05)
+
+sim is cosine similarity; the negatives h_j⁺ (j ≠ i) are the other sentences' second views, gathered
+from all GPUs. The MLP is used in training only ("mlp_only_train", SimCSE §3 and its unsupervised
+recipe); evaluation and export use the encoder's raw [CLS] (pooling "cls").
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from training.distributed import gather_with_grad, is_distributed
+from training.encoder import SentenceEncoder
+from training.objectives.base import Objective
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def model_inputs(features) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in features.items() if k in MODEL_INPUTS}
+
+
+def info_nce(queries: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Mean over local rows i of −log softmax_j(cos(q_i, k_j)/τ)[i], keys gathered over GPUs.
+
+    queries, keys: [B, d] on this rank, row i of each is a positive pair. Keys from every rank are
+    the candidates, so this rank's positives sit at rank·B + i (identity on one process).
+    """
+    all_keys = gather_with_grad(keys)
+    sim = F.normalize(queries.float(), dim=-1) @ F.normalize(all_keys.float(), dim=-1).T / temperature
+    offset = dist.get_rank() * queries.shape[0] if is_distributed() else 0
+    labels = torch.arange(queries.shape[0], device=sim.device) + offset
+    return F.cross_entropy(sim, labels)
+
+
+class SimCSE(Objective):
+    """forward: z = MLP(enc([x; x]))      (one pass over 2B rows: two independent dropout masks)
+                loss = info_nce(z[:B], z[B:], τ)
+
+    Keywords (paper defaults): temperature 0.05; pooling "cls"; max_length 32 (SimCSE's unsupervised
+    max_seq_length; capped by the encoder's own limit); mlp_only_train True — False keeps the MLP
+    at inference too (SimCSE's supervised setting), as the exported encoder's head.
+    """
+
+    name: ClassVar[str] = "simcse"
+    data_kind: ClassVar[str] = "unlabeled"
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        temperature: float = 0.05,
+        pooling: str | None = "cls",
+        max_length: int | None = 32,
+        mlp_only_train: bool = True,
+    ):
+        super().__init__(encoder)
+        self.temperature = temperature
+        if pooling is not None:
+            encoder.pooling = pooling
+        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
+        self.mlp_only_train = mlp_only_train
+        d = encoder.dim
+        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+
+    def collate(self, examples: list[str]) -> dict[str, Any]:
+        features = self.encoder.tokenize(list(examples) * 2, max_length=self.max_length)
+        return {"features": model_inputs(features)}
+
+    def loss_from_embeddings(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        """InfoNCE between two views' pooled embeddings, after the MLP."""
+        return info_nce(self.mlp(z1), self.mlp(z2), self.temperature)
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        pooled = self.encoder(**batch["features"])
+        z1, z2 = pooled.chunk(2)
+        loss = self.loss_from_embeddings(z1, z2)
+        with torch.no_grad():
+            pos_cos = F.cosine_similarity(z1.float(), z2.float(), dim=-1).mean()
+        return {"loss": loss, "pos_cos": pos_cos}
+
+    def inference_encoder(self) -> SentenceEncoder:
+        if self.mlp_only_train:
+            return self.encoder
+        if self.encoder.head is not None:
+            raise ValueError("mlp_only_train=False needs an encoder without a head of its own")
+        enc = self.encoder
+        return SentenceEncoder(
+            enc.transformer, enc.tokenizer, enc.pooling, enc.max_seq_length, head=self.mlp, base_model=enc.base_model
+        )
