@@ -68,8 +68,9 @@ def nt_xent(za: torch.Tensor, zb: torch.Tensor, temperature: float = 0.1) -> tor
     za_all, zb_all = gather_with_grad(za), gather_with_grad(zb)
     big_m = za_all.shape[0]
     offset = dist.get_rank() * m if is_distributed() else 0
-    queries = F.normalize(torch.cat([za, zb]).float(), dim=-1)
-    candidates = F.normalize(torch.cat([za_all, zb_all]).float(), dim=-1)
+    dtype = torch.float32 if za.dtype in (torch.float16, torch.bfloat16) else za.dtype
+    queries = F.normalize(torch.cat([za, zb]).to(dtype), dim=-1)
+    candidates = F.normalize(torch.cat([za_all, zb_all]).to(dtype), dim=-1)
     logits = queries @ candidates.T / temperature  # cos(v_a, v_i)/τ, [2m, 2M]
     local = torch.arange(m, device=za.device) + offset
     self_col = torch.cat([local, local + big_m])
@@ -141,10 +142,12 @@ class CLSR(Objective):
 
     def collate(self, examples: list[PairExample]) -> dict[str, Any]:
         texts = [e.anchor for e in examples] + [e.positive for e in examples]
-        rows = [self._cache_index.get(t, -1) for t in texts]
-        vectors = self._cache[torch.tensor([max(r, 0) for r in rows], dtype=torch.long)]
+        rows = [self._cache_index.get(t) for t in texts]
+        found = [i for i, r in enumerate(rows) if r is not None]
+        missing = [i for i, r in enumerate(rows) if r is None]
+        vectors = torch.zeros(len(texts), self._cache.shape[1])
+        vectors[found] = self._cache[[rows[i] for i in found]]
         batch: dict[str, Any] = {"vectors": vectors}  # [2m, d]: anchors then positives
-        missing = [i for i, r in enumerate(rows) if r < 0]
         if missing:
             batch["missing"] = torch.tensor(missing, dtype=torch.long)
             features = self.encoder.tokenize([texts[i] for i in missing])

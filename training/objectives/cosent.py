@@ -36,8 +36,10 @@ def cosent_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float = 20.0)
     each term exp(λ (scores[b] − scores[a])); the leading 1 is the e^0 term of the log-sum-exp.
     O(N²) memory, which is nothing at the paper's batch sizes (16 and 64).
     """
-    scores = scores.float() * scale
-    labels = labels.to(scores.device, torch.float32)
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        scores = scores.float()  # exp(λ·Δ) with λ = 20 needs more than half precision
+    scores = scores * scale
+    labels = labels.to(scores.device)
     higher = labels[:, None] > labels[None, :]  # [a, b]: pair a must out-score pair b
     diffs = (scores[None, :] - scores[:, None])[higher]  # λ(s_b − s_a) for each ranked (a, b)
     return torch.logsumexp(torch.cat([scores.new_zeros(1), diffs]), dim=0)

@@ -1,0 +1,175 @@
+"""CLSR: NT-Xent against numpy, the frozen transformer, the embedding cache, the exported encoder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from training.data import PairExample
+from training.encoder import SentenceEncoder
+from training.objectives import clsr as clsr_mod
+from training.objectives import get_objective
+from training.objectives.clsr import CLSR, nt_xent
+
+PAIRS = [
+    PairExample("a man is playing a guitar .", "a man plays the guitar .", "a man is eating ."),
+    PairExample("a woman is slicing an onion .", "a woman is cutting an onion ."),
+    PairExample("a dog runs in the park .", "a dog is running on the grass ."),
+    PairExample("the stock market fell today .", "shares dropped sharply ."),
+]
+CPU = torch.device("cpu")
+
+
+def ref_nt_xent(za, zb, tau=0.1):
+    """Eq. 1 literally: for every anchor a among the 2m sentences (pairs both ways), −log of
+    exp(cos(a, b)/τ) over Σ_{i ≠ a} exp(cos(a, i)/τ); the mean over the 2m anchors."""
+    v = np.concatenate([za, zb]).astype(np.float64)
+    m = len(za)
+    losses = []
+    for a in range(2 * m):
+        b = (a + m) % (2 * m)
+        cos = [v[a] @ v[i] / (np.linalg.norm(v[a]) * np.linalg.norm(v[i])) for i in range(2 * m)]
+        denom = sum(math.exp(cos[i] / tau) for i in range(2 * m) if i != a)
+        losses.append(-math.log(math.exp(cos[b] / tau) / denom))
+    return float(np.mean(losses)), losses
+
+
+def test_nt_xent_matches_numpy():
+    g = torch.Generator().manual_seed(0)
+    za, zb = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)
+    for tau in (0.1, 0.5):
+        expected, _ = ref_nt_xent(za.numpy(), zb.numpy(), tau)
+        assert nt_xent(za, zb, tau).item() == pytest.approx(expected, rel=1e-9)
+
+
+def test_nt_xent_excludes_only_the_anchor_itself():
+    # one pair: the positive is the only term left in the denominator, so the loss is exactly 0
+    za, zb = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.3, 0.9]])
+    assert nt_xent(za, zb).item() == pytest.approx(0.0, abs=1e-7)
+    # two pairs, by hand: anchor a0's denominator holds b0 (positive), a1 and b1 (negatives), not a0
+    za = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    zb = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    # every anchor: cos(pos) = 1, one negative with cos 0 twice (the other pair's two sentences)
+    by_hand = -math.log(math.exp(10) / (math.exp(10) + 2 * math.exp(0)))
+    assert nt_xent(za, zb).item() == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_nt_xent_distributed_offsets(monkeypatch):
+    """Simulated rank 1 of 2: local anchors against all ranks' sentences, positives offset by rank·m."""
+    g = torch.Generator().manual_seed(1)
+    za_all, zb_all = (
+        torch.randn(6, 4, generator=g, dtype=torch.float64),
+        torch.randn(6, 4, generator=g, dtype=torch.float64),
+    )
+    m = 3
+    parts = {"a": za_all[:m], "b": zb_all[:m]}
+    order = iter(["a", "b"])  # nt_xent gathers za, then zb
+    monkeypatch.setattr(clsr_mod, "is_distributed", lambda: True)
+    monkeypatch.setattr(clsr_mod.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(clsr_mod, "gather_with_grad", lambda t: torch.cat([parts[next(order)], t]))
+    got = nt_xent(za_all[m:], zb_all[m:]).item()
+    _, per_anchor = ref_nt_xent(za_all.numpy(), zb_all.numpy())
+    rank1 = [per_anchor[i] for i in (3, 4, 5, 9, 10, 11)]  # rank 1's anchors in the global 2M
+    assert got == pytest.approx(float(np.mean(rank1)), rel=1e-9)
+
+
+def test_defaults_and_registry(tiny_encoder):
+    assert get_objective("clsr") is CLSR
+    obj = CLSR(tiny_encoder)
+    assert obj.data_kind == "pairs" and obj.batch_sampler is None
+    assert obj.temperature == 0.1 and obj.encoder.pooling == "mean"
+    lin = [m for m in obj.e if isinstance(m, torch.nn.Linear)]
+    assert [(x.in_features, x.out_features) for x in lin] == [(32, 768), (768, 768)]
+    assert isinstance(obj.e[1], torch.nn.ReLU) and len(obj.e) == 3
+    assert isinstance(obj.h, torch.nn.Linear) and (obj.h.in_features, obj.h.out_features) == (768, 768)
+    assert isinstance(CLSR(tiny_encoder, output_relu=True).e[-1], torch.nn.ReLU)
+
+
+def _counting(encoder):
+    calls = []
+    encoder.transformer.register_forward_hook(lambda *a: calls.append(1))
+    return calls
+
+
+def test_cache_built_once_and_used_by_collate(tiny_encoder):
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8, cache_batch_size=3)
+    calls = _counting(tiny_encoder)
+    obj.prepare(PAIRS, CPU)
+    sentences = list(dict.fromkeys(s for p in PAIRS for s in (p.anchor, p.positive)))
+    assert obj.cache_size == len(sentences) == 8  # hard negatives are not embedded
+    assert len(calls) == math.ceil(8 / 3)
+    obj.prepare(PAIRS, CPU)  # nothing new: no second pass
+    assert len(calls) == math.ceil(8 / 3)
+
+    batch = obj.collate(PAIRS[1:3])
+    assert set(batch) == {"vectors"}
+    expected = tiny_encoder.encode(
+        [PAIRS[1].anchor, PAIRS[2].anchor, PAIRS[1].positive, PAIRS[2].positive], normalize=False
+    )
+    n_calls = len(calls)
+    np.testing.assert_allclose(batch["vectors"].numpy(), expected, rtol=1e-5, atol=1e-6)
+    out = obj(batch)
+    out["loss"].backward()
+    assert len(calls) == n_calls  # forward and backward ran on the cached vectors only
+
+
+def test_unseen_sentences_are_embedded_on_the_fly(tiny_encoder):
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj.prepare(PAIRS[:3], CPU)
+    cached = obj(obj.collate(PAIRS[:3]))["loss"]
+    fresh = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    fresh.load_state_dict(obj.state_dict())
+    batch = fresh.collate(PAIRS[:3])  # empty cache: every sentence goes through the transformer
+    assert batch["missing"].tolist() == list(range(6))
+    assert fresh(batch)["loss"].item() == pytest.approx(cached.item(), rel=1e-5)
+
+
+def test_transformer_is_frozen_and_gets_no_gradient(tiny_encoder):
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj.train()
+    assert not obj.encoder.training  # the frozen model never runs with dropout
+    obj.prepare(PAIRS, CPU)
+    batch = obj.collate(PAIRS + [PairExample("one more sentence .", "yet another sentence .")])
+    assert "missing" in batch  # the on-the-fly path must not leak gradient either
+    obj(batch)["loss"].backward()
+    for name, p in obj.encoder.named_parameters():
+        assert not p.requires_grad and p.grad is None, name
+    for module in (obj.e, obj.h):
+        for p in module.parameters():
+            assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_one_step_lowers_loss(tiny_encoder):
+    torch.manual_seed(0)
+    obj = CLSR(tiny_encoder)
+    obj.prepare(PAIRS, CPU)
+    batch = obj.collate(PAIRS)
+    opt = torch.optim.SGD([p for p in obj.parameters() if p.requires_grad], lr=0.5)
+    before = obj(batch)["loss"]
+    opt.zero_grad()
+    before.backward()
+    opt.step()
+    with torch.no_grad():
+        assert obj(batch)["loss"].item() < before.item()
+
+
+def test_inference_encoder_is_frozen_model_mean_pooling_and_e(tiny_encoder, tmp_path):
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=6)
+    obj.prepare(PAIRS, CPU)
+    enc = obj.inference_encoder()
+    assert isinstance(enc, SentenceEncoder)
+    assert enc.head is obj.e and enc.pooling == "mean" and enc.dim == 8
+    assert enc.transformer is tiny_encoder.transformer
+    texts = [PAIRS[0].anchor, PAIRS[3].positive]
+    got = enc.encode(texts, normalize=False)
+    with torch.no_grad():
+        expected = obj.e(obj.collate([PairExample(*texts)])["vectors"]).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    # round trip through the saved directory (head.pt holds e)
+    enc.save_pretrained(tmp_path / "clsr")
+    loaded = SentenceEncoder.from_pretrained(tmp_path / "clsr")
+    assert loaded.pooling == "mean" and loaded.dim == 8
+    np.testing.assert_allclose(loaded.encode(texts, normalize=False), got, rtol=1e-5, atol=1e-6)
