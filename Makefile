@@ -7,6 +7,10 @@ MODEL ?= default
 MODEL_DIR ?= models/all-MiniLM-L6-v2
 PORT ?= 8080
 WORDNET_DIR ?= /usr/share/wordnet
+METHOD ?= cosent
+PRESET ?= quick
+DATA ?= ../shared/data
+BASE ?=
 
 .PHONY: serve test export venv wordnet lint eval train-export
 
@@ -39,3 +43,8 @@ test: venv wordnet
 
 lint: venv
 	$(VENV)/bin/ruff check .
+
+# Train with an objective, keep the best STS-B dev checkpoint, export it: models/<method>-<timestamp>/.
+# Extra settings: ARGS='--set max_steps=100 --objective strategy=o2'
+train-export: venv wordnet
+	$(PY) -m training.train --method $(METHOD) --preset $(PRESET) --data-dir $(DATA) $(if $(BASE),--base $(BASE)) $(ARGS)

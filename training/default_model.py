@@ -46,3 +46,10 @@ def resolve_model(name_or_path: str | None) -> str | Path:
     if name_or_path in (None, "", "default", DEFAULT_MODEL_NAME, f"sentence-transformers/{DEFAULT_MODEL_NAME}"):
         return default_model_dir()
     return name_or_path
+
+
+def model_label(name_or_path: str | Path | None) -> str:
+    """How manifests name a base model: the hub name for the embedded default, else as given."""
+    if resolve_model(name_or_path) != name_or_path:
+        return f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+    return str(name_or_path)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from service.manifest import GRAPH_FILE, Manifest, sha256_file
-from training.default_model import DEFAULT_MODEL_NAME, resolve_model
+from training.default_model import model_label, resolve_model
 from training.encoder import POOLINGS, SentenceEncoder
 
 OPSET = 17
@@ -164,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
     args = parser.parse_args(argv)
 
-    source = resolve_model(args.model)
-    encoder = SentenceEncoder.from_pretrained(source, args.pooling, args.max_seq_length)
-    if source != args.model:  # the embedded default: report its hub name, not a site-packages path
-        encoder.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+    encoder = SentenceEncoder.from_pretrained(resolve_model(args.model), args.pooling, args.max_seq_length)
+    encoder.base_model = model_label(args.model)  # not a site-packages path for the default
     manifest = export_onnx(encoder, args.out, name=args.name)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")

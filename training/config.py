@@ -1,0 +1,102 @@
+"""Typed training configuration and its presets.
+
+`quick` fits a CPU run of minutes on the embedded all-MiniLM-L6-v2; `paper` is each paper's own
+setting (a GPU and a hub checkpoint such as bert-base-uncased, and the paper's training data).
+A preset is a plain dict of overrides on `TrainConfig`; `objective` holds the objective's keyword
+arguments (its defaults are the paper's, so `paper` rarely needs to name any).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    method: str
+    preset: str = "quick"
+    base_model: str = "default"  # "default" = the embedded all-MiniLM-L6-v2
+    data_dir: Path | None = None  # where named sources (stsb, sick, snli) live
+    train_data: str = ""  # a training.data.load_examples source, e.g. "stsb:train", "text:<file>"
+    train_limit: int | None = None  # keep the first N training examples
+    max_seq_length: int | None = None  # None: the model's own
+    epochs: float = 1.0
+    max_steps: int | None = None  # stops earlier than `epochs` when set
+    batch_size: int = 64  # per device, per step
+    grad_accum: int = 1
+    lr: float = 3e-5
+    optimizer: str = "adamw"  # adamw | sgd (momentum 0.9, as SimCLR-style CLSR)
+    weight_decay: float = 0.0
+    schedule: str = "linear"  # linear | cosine | constant, after warm-up
+    warmup_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+    precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
+    eval_every: int = 125  # STS-B dev Spearman every N steps, as the papers do
+    eval_limit: int | None = None  # dev pairs used for model selection (None: all 1,500)
+    seed: int = 42
+    num_workers: int = 0
+    objective: dict[str, Any] = field(default_factory=dict)
+    runs_dir: Path = Path("runs")
+    models_dir: Path = Path("models")
+    resume: Path | None = None  # a run directory whose checkpoint to continue from
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+WIKI1M = "text:wiki1m_for_simcse.txt"  # SimCSE's corpus; put it under DATA_DIR to use it
+CORPUS = "text:corpus/wordnet-sentences.txt"  # the offline stand-in for Wikipedia sentences
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "quick": {
+        # Unsupervised objectives start from a mean-pooled model: keep its pooling for inference.
+        "simcse": dict(train_data=CORPUS, train_limit=16_000, max_seq_length=32, batch_size=64, lr=3e-5,
+                       eval_every=50, objective={"pooling": "mean"}),
+        "conisi": dict(train_data=CORPUS, train_limit=12_000, max_seq_length=32, batch_size=64, lr=3e-5,
+                       eval_every=50, objective={"pooling": "mean"}),
+        "infocse": dict(train_data=CORPUS, train_limit=12_000, max_seq_length=32, batch_size=64, lr=3e-5,
+                        eval_every=50, objective={"pooling": "mean", "stage1_steps": 60}),
+        "cosent": dict(train_data="stsb:train", batch_size=16, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1,
+                       epochs=1, eval_every=60),
+        "clsr": dict(train_data="snli:dev+test", batch_size=512, lr=1e-3, epochs=30, schedule="cosine",
+                     warmup_ratio=0.05, eval_every=25, max_grad_norm=None),
+    },
+    "paper": {
+        # SimCSE (Gao et al., 2021): bert-base, wiki1m, 1 epoch, batch 64, lr 3e-5, max length 32.
+        "simcse": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+                       lr=3e-5, objective={"pooling": "cls"}),
+        # ConIsI Table 3 (BERT-base): batch 64, max length 32, lr 3e-5, λ 0.8, one epoch.
+        "conisi": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+                       lr=3e-5, objective={"pooling": "cls"}),
+        # InfoCSE §4: stage 2 as SimCSE (lr 3e-5, batch 64, one epoch); stage 1 budget in the objective.
+        "infocse": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+                        lr=3e-5, objective={"pooling": "cls"}),
+        # CoSENT §IV: lr 2e-5, weight decay 0.01, 10% warm-up, 4 epochs, batch 16, mean pooling.
+        "cosent": dict(base_model="bert-base-uncased", train_data="stsb:train", batch_size=16, lr=2e-5,
+                       weight_decay=0.01, warmup_ratio=0.1, epochs=4),
+        # CLSR §4.1: batch 512, 2000 epochs, lr 0.5, decay 1e-4, 10 warm-up epochs, cosine decay.
+        "clsr": dict(base_model="bert-base-uncased", train_data="snli:dev+test", batch_size=512, lr=0.5,
+                     optimizer="sgd", weight_decay=1e-4, epochs=2000, warmup_ratio=10 / 2000,
+                     schedule="cosine", max_grad_norm=None),
+    },
+}
+
+
+def make_config(method: str, preset: str = "quick", **overrides: Any) -> TrainConfig:
+    """The preset for `method`, then `overrides` (None values are ignored; `objective` is merged)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if method not in PRESETS[preset]:
+        raise ValueError(f"unknown METHOD {method!r}; choose from {', '.join(PRESETS[preset])}")
+    values = {"method": method, "preset": preset, **PRESETS[preset][method]}
+    objective = {**values.pop("objective", {}), **(overrides.pop("objective", None) or {})}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
+    return TrainConfig(**values, objective=objective)

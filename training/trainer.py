@@ -1,0 +1,271 @@
+"""The training loop: objective-agnostic, with model selection on STS-B dev as the papers do.
+
+It only calls the Objective contract (training/objectives/base.py). Around it: seeds, device and
+mixed precision, gradient accumulation, torchrun/DDP, periodic dev evaluation keeping the best
+checkpoint, a resumable `checkpoint.pt`, `metrics.jsonl`, and a loss / dev-Spearman plot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from tqdm.auto import tqdm
+
+from training.config import TrainConfig
+from training.data import load_examples
+from training.default_model import model_label, resolve_model
+from training.encoder import SentenceEncoder
+from training.objectives import get_objective
+from training.sampling import make_batch_sampler
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    best_dir: Path
+    best_step: int
+    best_dev: float
+    initial_dev: float
+    steps: int
+    seconds: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device, non_blocking=True)
+        if isinstance(v, dict):
+            return {k: x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x for k, x in v.items()}
+        return v
+
+    return {k: move(v) for k, v in batch.items()}
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    if precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    if schedule not in ("linear", "cosine", "constant"):
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return f
+
+
+class DevEvaluator:
+    """STS-B dev Spearman × 100 of an encoder, through the evaluation harness's own code."""
+
+    def __init__(self, data_dir: Path | None, limit: int | None = None):
+        from evaluation.sts import load_sts_task
+
+        self.task = load_sts_task("STSBenchmark-dev", data_dir, limit=limit)
+
+    def __call__(self, encoder: SentenceEncoder) -> float:
+        from evaluation.sts import score_task
+
+        return score_task(self.task, lambda texts: encoder.encode(texts, batch_size=128))
+
+
+def _setup_distributed() -> tuple[int, int, torch.device]:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
+    rank, world, device = _setup_distributed()
+    main = rank == 0
+    seed_everything(cfg.seed + rank)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2))
+
+    encoder = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length)
+    encoder.base_model = model_label(cfg.base_model)
+    objective = get_objective(cfg.method)(encoder, **cfg.objective)
+    examples = load_examples(objective.data_kind, cfg.train_data, cfg.data_dir, limit=cfg.train_limit)
+    if len(examples) < 2:
+        raise ValueError(f"{cfg.train_data!r} gave {len(examples)} training examples; need at least 2")
+    log(f"[train] {cfg.method}: {len(examples)} {objective.data_kind} examples from {cfg.train_data}, "
+        f"base {encoder.base_model}, device {device}, world {world}")
+
+    objective.to(device)
+    objective.prepare(examples, device)
+    evaluator = DevEvaluator(cfg.data_dir, cfg.eval_limit) if main else None
+
+    sampler_name = getattr(objective, "batch_sampler", None)
+    batch_sampler = make_batch_sampler(sampler_name, examples, cfg.batch_size, seed=cfg.seed,
+                                       num_replicas=world, rank=rank)
+    if batch_sampler is not None:
+        loader = DataLoader(examples, batch_sampler=batch_sampler, collate_fn=objective.collate,
+                            num_workers=cfg.num_workers)
+    else:
+        sampler = (DistributedSampler(examples, world, rank, shuffle=True, seed=cfg.seed) if world > 1
+                   else RandomSampler(examples, generator=torch.Generator().manual_seed(cfg.seed)))
+        loader = DataLoader(examples, batch_size=cfg.batch_size, sampler=sampler, collate_fn=objective.collate,
+                            num_workers=cfg.num_workers, drop_last=len(examples) >= 2 * cfg.batch_size)
+
+    steps_per_epoch = max(1, len(loader) // cfg.grad_accum)
+    total_steps = math.ceil(cfg.epochs * steps_per_epoch)
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.optimizer == "sgd":
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    else:
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+    warmup = int(cfg.warmup_ratio * total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.schedule, warmup, total_steps))
+    amp_dtype = _autocast_dtype(cfg.precision, device)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    model = objective
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+
+    step, best_dev, best_step, epoch = 0, -math.inf, 0, 0
+    best_dir, ckpt = run_dir / "best", run_dir / "checkpoint.pt"
+    metrics_path = run_dir / "metrics.jsonl"
+    resume_from = (cfg.resume / "checkpoint.pt") if cfg.resume else None
+    if resume_from is not None:
+        state = torch.load(resume_from, map_location=device, weights_only=False)
+        objective.load_state_dict(state["objective"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, best_dev, best_step, epoch = state["step"], state["best_dev"], state["best_step"], state["epoch"]
+        initial_dev = state["initial_dev"]
+        torch.set_rng_state(state["rng"])
+        log(f"[train] resumed from {resume_from} at step {step}")
+
+    def record(entry: dict[str, Any]) -> None:
+        if main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def evaluate() -> float:
+        nonlocal best_dev, best_step
+        dev = evaluator(objective.inference_encoder())
+        record({"step": step, "dev_spearman": dev})
+        if dev > best_dev:
+            best_dev, best_step = dev, step
+            objective.inference_encoder().save_pretrained(best_dir)
+        return dev
+
+    start = time.perf_counter()
+    if resume_from is None:
+        metrics_path.unlink(missing_ok=True)
+        initial_dev = evaluate() if main else float("nan")
+        log(f"[train] step 0 STS-B dev {initial_dev:.2f}")
+
+    bar = tqdm(total=total_steps, initial=step, disable=not main, desc=cfg.method, dynamic_ncols=True)
+    objective.train()
+    micro = 0
+    while step < total_steps:
+        for s in (batch_sampler, getattr(loader, "sampler", None)):
+            if hasattr(s, "set_epoch"):
+                s.set_epoch(epoch)
+        for batch in loader:
+            batch = _to_device(batch, device)
+            sync = (micro + 1) % cfg.grad_accum == 0
+            ctx = model.no_sync() if world > 1 and not sync else contextlib.nullcontext()
+            with ctx, torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                out = model(batch)
+                loss = out["loss"] / cfg.grad_accum
+            scaler.scale(loss).backward()
+            micro += 1
+            if not sync:
+                continue
+            if cfg.max_grad_norm:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            entry = {"step": step, "lr": scheduler.get_last_lr()[0],
+                     **{k: float(v) for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}}
+            record(entry)
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry['loss']:.4f}", best=f"{best_dev:.2f}")
+            if main and (step % cfg.eval_every == 0 or step == total_steps):
+                evaluate()
+                objective.train()
+                torch.save({"objective": objective.state_dict(), "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
+                            "best_dev": best_dev, "best_step": best_step, "initial_dev": initial_dev,
+                            "rng": torch.get_rng_state()}, ckpt)
+            if step >= total_steps:
+                break
+        epoch += 1
+    bar.close()
+    seconds = time.perf_counter() - start
+    if main:
+        plot_metrics(metrics_path, run_dir / "metrics.png", title=f"{cfg.method} ({cfg.preset})")
+        log(f"[train] {step} steps in {seconds:.0f}s; best STS-B dev {best_dev:.2f} at step {best_step} "
+            f"(start {initial_dev:.2f})")
+    return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds)
+
+
+def plot_metrics(metrics_path: Path, out_png: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    devs = [(r["step"], r["dev_spearman"]) for r in rows if "dev_spearman" in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if losses:
+        ax.plot(*zip(*losses), color="tab:blue", alpha=0.7, label="training loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss", color="tab:blue")
+    ax2 = ax.twinx()
+    if devs:
+        ax2.plot(*zip(*devs), "o-", color="tab:red", label="STS-B dev Spearman")
+    ax2.set_ylabel("STS-B dev Spearman × 100", color="tab:red")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
