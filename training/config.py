@@ -36,7 +36,6 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0
     precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
     eval_every: int = 125  # STS-B dev Spearman every N steps, as the papers do
-    eval_limit: int | None = None  # dev pairs used for model selection (None: all 1,500)
     seed: int = 42
     num_workers: int = 0
     objective: dict[str, Any] = field(default_factory=dict)

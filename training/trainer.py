@@ -84,18 +84,11 @@ def _lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-class DevEvaluator:
-    """STS-B dev Spearman × 100 of an encoder, through the evaluation harness's own code."""
+def dev_spearman(encoder: SentenceEncoder, data_dir: Path | None) -> float:
+    """STS-B dev Spearman × 100, through the evaluation harness's own code."""
+    from evaluation.sts import stsb_dev_spearman
 
-    def __init__(self, data_dir: Path | None, limit: int | None = None):
-        from evaluation.sts import load_sts_task
-
-        self.task = load_sts_task("STSBenchmark-dev", data_dir, limit=limit)
-
-    def __call__(self, encoder: SentenceEncoder) -> float:
-        from evaluation.sts import score_task
-
-        return score_task(self.task, lambda texts: encoder.encode(texts, batch_size=128))
+    return stsb_dev_spearman(lambda texts: encoder.encode(texts, batch_size=128), data_dir)
 
 
 def _setup_distributed() -> tuple[int, int, torch.device]:
@@ -129,7 +122,6 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
 
     objective.to(device)
     objective.prepare(examples, device)
-    evaluator = DevEvaluator(cfg.data_dir, cfg.eval_limit) if main else None
 
     sampler_name = getattr(objective, "batch_sampler", None)
     batch_sampler = make_batch_sampler(sampler_name, examples, cfg.batch_size, seed=cfg.seed,
@@ -184,7 +176,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
 
     def evaluate() -> float:
         nonlocal best_dev, best_step
-        dev = evaluator(objective.inference_encoder())
+        dev = dev_spearman(objective.inference_encoder(), cfg.data_dir)
         record({"step": step, "dev_spearman": dev})
         if dev > best_dev:
             best_dev, best_step = dev, step
