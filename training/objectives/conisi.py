@@ -131,14 +131,20 @@ class ConIsI(Objective):
 
     def prepare(self, examples: list, device: torch.device) -> None:
         if self.strategy == "o2":
-            self.antonyms.table  # build once here, so forked DataLoader workers inherit it
+            _ = self.antonyms.table  # build once here, so forked DataLoader workers inherit it
 
     # ---- batch construction (CPU, DataLoader workers) ----
     def collate(self, examples: list[str], generator: torch.Generator | None = None) -> dict[str, Any]:
         tok = self.encoder.tokenizer
         texts = list(examples)
-        single = tok(texts, padding=True, truncation=True, max_length=self.max_length, return_offsets_mapping=True,
-                     return_tensors="pt")
+        single = tok(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
         # x cut to its first L tokens, as text: the pair halves then tokenise to the same ids
         cut = []
         for i, text in enumerate(texts):
@@ -149,21 +155,27 @@ class ConIsI(Objective):
             partner = other_indices(len(cut), generator)
             composed = [cut[k] for k in partner.tolist()]
         elif strategy == "o2":
-            composed = [
-                antonym_replace(x, self.antonyms, self.antonym_probability, generator=generator) for x in cut
-            ]
+            composed = [antonym_replace(x, self.antonyms, self.antonym_probability, generator=generator) for x in cut]
         else:
             composed = cut  # corrupted at the token level below
-        pairs = tok(cut + cut, cut + composed, padding=True, truncation=True, max_length=self.pair_max_length,
-                    return_tensors="pt")
+        pairs = tok(
+            cut + cut,
+            cut + composed,
+            padding=True,
+            truncation=True,
+            max_length=self.pair_max_length,
+            return_tensors="pt",
+        )
         if strategy == "o1":
             n = len(cut)
-            second = torch.tensor(
-                [[s == 1 for s in pairs.sequence_ids(i)] for i in range(2 * n)], dtype=torch.bool
-            )
+            second = torch.tensor([[s == 1 for s in pairs.sequence_ids(i)] for i in range(2 * n)], dtype=torch.bool)
             second[:n] = False  # only Z's second sentence is c; Y stays [x; x]
             pairs["input_ids"], _, _ = subword_replace(
-                pairs["input_ids"], second, self.vocab_ids, self.subword_proportion, self.subword_random_share,
+                pairs["input_ids"],
+                second,
+                self.vocab_ids,
+                self.subword_proportion,
+                self.subword_random_share,
                 generator,
             )
         return {"single": model_inputs(single), "pairs": model_inputs(pairs)}
