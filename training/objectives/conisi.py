@@ -38,7 +38,7 @@ Readings where the paper is ambiguous (all keywords):
   falls back to "o1" for it.
 - o1's proportion is not given in the paper; `subword_proportion` = 0.15, BERT's MLM rate, whose
   80%/20% rule ConIsI uses. o2's rate is not given either: `antonym_probability` (0.5) per
-  antonym-bearing word, at least one per sentence.
+  antonym-bearing word, at least one per sentence (`antonym_at_least_one`).
 - Pooling: [CLS] (`pooling`="cls"); a preset may override it (the encoder's pooling is then used
   for h everywhere, training and inference alike).
 - Multi-GPU: the contrastive negatives g(hY_j) are gathered from all ranks; BN statistics and the
@@ -94,6 +94,7 @@ class ConIsI(Objective):
         subword_proportion: float = SUBWORD_PROPORTION,
         subword_random_share: float = SUBWORD_RANDOM_SHARE,
         antonym_probability: float = ANTONYM_PROBABILITY,
+        antonym_at_least_one: bool = True,
         wordnet_dir: str | Path = DEFAULT_WORDNET_DIR,
         batchnorm: str = "joint",
         logit_dim: int | None = 1,
@@ -117,6 +118,7 @@ class ConIsI(Objective):
         self.subword_proportion = subword_proportion
         self.subword_random_share = subword_random_share
         self.antonym_probability = antonym_probability
+        self.antonym_at_least_one = antonym_at_least_one
         self.antonyms = Antonyms(wordnet_dir)
         if strategy == "o2":
             self.antonyms.check()  # fail now, with the apt package named, not in a DataLoader worker
@@ -155,7 +157,10 @@ class ConIsI(Objective):
             partner = other_indices(len(cut), generator)
             composed = [cut[k] for k in partner.tolist()]
         elif strategy == "o2":
-            composed = [antonym_replace(x, self.antonyms, self.antonym_probability, generator=generator) for x in cut]
+            composed = [
+                antonym_replace(x, self.antonyms, self.antonym_probability, self.antonym_at_least_one, generator)
+                for x in cut
+            ]
         else:
             composed = cut  # corrupted at the token level below
         pairs = tok(
