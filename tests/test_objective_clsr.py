@@ -173,3 +173,22 @@ def test_inference_encoder_is_frozen_model_mean_pooling_and_e(tiny_encoder, tmp_
     loaded = SentenceEncoder.from_pretrained(tmp_path / "clsr")
     assert loaded.pooling == "mean" and loaded.dim == 8
     np.testing.assert_allclose(loaded.encode(texts, normalize=False), got, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_encode_keeps_the_frozen_model_in_eval(tiny_encoder):
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8).train()
+    obj.inference_encoder().encode(["a sentence ."])
+    assert not tiny_encoder.transformer.training
+
+
+def test_base_model_with_its_own_head(tiny_encoder):
+    torch.manual_seed(0)
+    tiny_encoder.head = torch.nn.Linear(32, 12)  # e.g. an SBERT with a Dense layer: part of the frozen m
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    assert obj.e[0].in_features == 12 and not tiny_encoder.head.weight.requires_grad
+    obj.prepare(PAIRS[:1], CPU)
+    enc = obj.inference_encoder()
+    assert enc.dim == 8
+    with torch.no_grad():
+        expected = obj.e(obj.collate(PAIRS[:1])["vectors"][:1]).numpy()
+    np.testing.assert_allclose(enc.encode([PAIRS[0].anchor], normalize=False), expected, rtol=1e-5, atol=1e-6)

@@ -72,7 +72,8 @@ def test_registry_and_attributes(tiny_encoder):
     assert "CoSENTCrossEncoder" not in [cls for _, cls in _REGISTRY.values()]  # no sentence embeddings
     obj = CoSENT(tiny_encoder)
     assert obj.scale == 20.0 and obj.encoder.pooling == "mean"
-    assert CoSENT(tiny_encoder, pooling=None).encoder.pooling == "mean"  # None keeps the encoder's
+    tiny_encoder.pooling = "cls"
+    assert CoSENT(tiny_encoder, pooling=None).encoder.pooling == "cls"  # None keeps the encoder's
 
 
 def test_siamese_forward_matches_numpy(tiny_encoder):

@@ -158,6 +158,7 @@ class CLSR(Objective):
         x = batch["vectors"].float()
         if "missing" in batch:
             with torch.no_grad():
+                self.encoder.eval()  # an inference_encoder().encode() may have left it in train mode
                 x = x.clone()
                 x[batch["missing"]] = self.encoder(**batch["missing_features"]).float()
         z = self.h(self.e(x))
@@ -175,4 +176,4 @@ class CLSR(Objective):
             max_seq_length=base.max_seq_length,
             head=head,
             base_model=base.base_model,
-        )
+        ).eval()  # encode() restores this mode: train mode would switch the shared transformer's dropout on
