@@ -35,8 +35,8 @@ export: venv
 # ConIsI's antonym strategy reads WordNet from Debian's packages.
 wordnet:
 	@test -f $(WORDNET_DIR)/data.adj || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wordnet-base wordnet-sense-index >/dev/null; \
-	  else echo "WordNet missing: sudo apt-get install wordnet-base wordnet-sense-index" >&2; exit 1; fi; }
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wordnet-base >/dev/null; \
+	  else echo "WordNet missing: sudo apt-get install wordnet-base" >&2; exit 1; fi; }
 
 test: venv wordnet
 	$(PY) -m pytest -q

@@ -123,8 +123,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
     objective.to(device)
     objective.prepare(examples, device)
 
-    sampler_name = getattr(objective, "batch_sampler", None)
-    batch_sampler = make_batch_sampler(sampler_name, examples, cfg.batch_size, seed=cfg.seed,
+    batch_sampler = make_batch_sampler(objective.batch_sampler, examples, cfg.batch_size, seed=cfg.seed,
                                        num_replicas=world, rank=rank)
     if batch_sampler is not None:
         loader = DataLoader(examples, batch_sampler=batch_sampler, collate_fn=objective.collate,

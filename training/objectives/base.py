@@ -19,6 +19,8 @@ class Objective(nn.Module):
     name: ClassVar[str]
     #: which examples `collate` takes: "unlabeled" (str), "pairs" (PairExample), "scored" (ScoredPair)
     data_kind: ClassVar[str]
+    #: a training.sampling.SAMPLERS name, or None for a plain shuffle (CoSENT needs mixed labels)
+    batch_sampler: ClassVar[str | None] = None
 
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
