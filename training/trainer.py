@@ -215,7 +215,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
             scheduler.step()
             step += 1
             entry = {"step": step, "lr": scheduler.get_last_lr()[0],
-                     **{k: float(v) for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}}
+                     **{k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}}
             record(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.4f}", best=f"{best_dev:.2f}")
