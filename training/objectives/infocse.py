@@ -1,0 +1,351 @@
+"""InfoCSE (Wu et al., 2022, "InfoCSE: Information-aggregated Contrastive Learning of Sentence
+Embeddings", §3): SimCSE plus an auxiliary MLM network that must reconstruct masked tokens from the
+sentence embedding, so the [CLS] vector has to aggregate the sentence's information.
+
+Notation (§2): H = last-layer states, h = the [CLS] vector of H (12-cls), M>0 = the tap layer's
+(6th of 12) states without [CLS] (6-hiddens). The auxiliary network = the encoder's embeddings and
+lower `tap_layer` layers + `num_extra_layers` (2) extra transformer layers fed C = [h ; M>0].
+
+Stage 1, `prepare()` (§3.1): the auxiliary network *shares* the lower layers with the encoder;
+one masked input x̂ feeds both MLM losses, which share the output head (W and its transform):
+    L_mlm = CE(head(H(x̂)), x)                                   Eq. 4 (BERT's MLM on the top layer)
+    L_aux = CE(head(Extra([h(x̂) ; M>0(x̂)])), x)                 Eq. 5
+    L_pretrain = L_aux + λ_mlm·L_mlm                             Eq. 6 (λ_mlm = 1.0, §4.2)
+Stage 2, `forward()` (§3.2): the auxiliary network gets its own copy of the lower layers, frozen;
+the encoder keeps training. Each sentence x is used three times: twice (two dropout masks) for
+SimCSE's contrastive loss, once masked (x̂) for the auxiliary MLM:
+    L_cl  = −log e^{sim(g(h), g(h⁺))/τ} / Σ_j e^{sim(g(h), g(h_j⁺))/τ}   Eq. 3 (g: MLP, training only)
+    C     = [h ; Detach(M>0(x̂))]      (h: the first contrastive view's sentence vector, with grad)
+    L_joint = L_cl + λ·L_aux(C)                                  Eq. 7
+L_aux's gradient reaches the encoder only through h. Inference: the encoder's [CLS], no auxiliary
+network, no MLP (§4.1, "cls_before_pooler", Table 9).
+
+Defaults are the paper's: τ = 0.05; λ = 1e-5 and mask rate 0.4 in stage 2 (the best values of the
+ablations, Tables 7 and 8, and the official script's mlm_weight / mlm_probability; §4.2's text says
+λ = 0.005, which Table 8 scores 80.48 vs 85.49 for 1e-5 — we follow the table); stage 1 as
+Condenser (which §4.2 follows): mask rate 0.15, AdamW lr 1e-4, global batch 1024, 8 epochs, 10 %
+linear warm-up, weight decay 0.01, gradient clipping 1.0.
+
+Choices where the paper is silent (each a keyword):
+- tap_layer: the paper taps layer 6 of 12; other depths tap num_layers // 2 (3 for MiniLM-L6).
+- extra_layers_init "random": Condenser initialises its head layers afresh; "top" copies the
+  encoder's top layers (what Table 4's "w/o pre-training" ablation uses, with stage1_steps=0).
+- The MLM head: loaded from the base checkpoint's "cls.predictions.*" (or RoBERTa "lm_head.*")
+  weights when its directory has them (`mlm_head_from`, default: where the encoder was loaded
+  from); otherwise a fresh BertOnlyMLMHead-like head (BERT init) whose W is tied to the word
+  embeddings — all-MiniLM-L6-v2 ships without one, so stage 1 also trains the head from scratch.
+  In stage 1, W is the encoder's word-embedding matrix (BERT's tying; the lower layers are shared
+  anyway). In stage 2 the head gets its own trainable copy of W, so L_aux cannot reach the
+  encoder's embeddings through the decoder (the official code keeps a separate lm_head too).
+- Stage 1 trains the whole encoder (BERT's own MLM loss updates all its layers); stage 2 starts
+  from those weights, and the frozen lower copy is taken from them ("both initialized with the
+  parameters from the first stage", §3.2).
+- Losses are means over masked tokens (Eq. 4–5 write sums; BERT/HF code averages).
+- h under a pooling other than "cls" (a preset may choose "mean") is the pooled vector: the
+  auxiliary network reconstructs from whatever vector is the sentence embedding.
+- Masking is BERT's 80/10/10 (transformers' DataCollatorForLanguageModeling) at the stage's rate;
+  special tokens and padding are never masked; labels are −100 elsewhere.
+- projection "mlp" is SimCSE's Linear+Tanh (§3.2: "same as SimCSE"); the official script passes
+  --batchnorm, DiffCSE's Linear-BN-ReLU-Linear-BN projector: projection="bn_mlp".
+- The frozen lower copy follows the objective's train/eval mode (dropout in training), as a module
+  of the official model would; it runs under no_grad, so its states carry no graph.
+The training loop knows nothing of stages; after a resume, prepare() runs stage 1 again before the
+checkpoint overwrites every weight (wasted time, same result).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import DataCollatorForLanguageModeling
+
+from training.distributed import is_distributed
+from training.encoder import SentenceEncoder, pool
+from training.objectives.base import Objective
+from training.objectives.infocse_aux import ExtraLayers, MLMHead, find_mlm_head_state, frozen_lower_copy
+from training.objectives.simcse import info_nce, model_inputs
+
+
+class ProjectionMLP(nn.Sequential):
+    """DiffCSE's projector (the official InfoCSE script's --batchnorm): Linear-BN-ReLU-Linear-BN."""
+
+    def __init__(self, d: int):
+        super().__init__(
+            nn.Linear(d, 2 * d, bias=False),
+            nn.BatchNorm1d(2 * d),
+            nn.ReLU(inplace=True),
+            nn.Linear(2 * d, d, bias=False),
+            nn.BatchNorm1d(d, affine=False),
+        )
+
+
+class InfoCSE(Objective):
+    """Stage 1 in prepare() (L_aux + λ_mlm·L_mlm), stage 2 in forward() (L_cl + λ·L_aux).
+
+    forward's batch (from collate): "features" = [x; x] tokenised (2B rows), "mlm" = x̂ (B rows:
+    input_ids masked, attention_mask, token_type_ids, labels). Returns loss, loss_cl, loss_aux,
+    pos_cos.
+    """
+
+    name: ClassVar[str] = "infocse"
+    data_kind: ClassVar[str] = "unlabeled"
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        temperature: float = 0.05,
+        aux_weight: float = 1e-5,
+        mask_rate: float = 0.4,
+        pooling: str | None = "cls",
+        max_length: int | None = 32,
+        tap_layer: int | None = None,
+        num_extra_layers: int = 2,
+        extra_layers_init: str = "random",
+        projection: str = "mlp",
+        mlm_head_from: str | None = None,
+        stage1_steps: int | None = None,
+        stage1_epochs: float = 8.0,
+        stage1_batch_size: int = 1024,
+        stage1_micro_batch_size: int | None = None,
+        stage1_lr: float = 1e-4,
+        stage1_weight_decay: float = 0.01,
+        stage1_warmup_ratio: float = 0.1,
+        stage1_max_grad_norm: float | None = 1.0,
+        stage1_mask_rate: float = 0.15,
+        stage1_mlm_weight: float = 1.0,
+        stage1_seed: int = 0,
+        stage1_amp: bool = True,
+    ):
+        super().__init__(encoder)
+        transformer = encoder.transformer
+        if not hasattr(getattr(transformer, "encoder", None), "layer"):
+            raise ValueError("InfoCSE needs a BERT/RoBERTa-style transformer (transformer.encoder.layer)")
+        if encoder.tokenizer.mask_token is None:
+            raise ValueError("InfoCSE's MLM needs a tokenizer with a mask token")
+        num_layers = len(transformer.encoder.layer)
+        self.tap_layer = num_layers // 2 if tap_layer is None else tap_layer
+        if not 1 <= self.tap_layer <= num_layers:
+            raise ValueError(f"tap_layer must be in 1..{num_layers}, got {self.tap_layer}")
+        if projection not in ("mlp", "bn_mlp"):
+            raise ValueError(f"projection must be 'mlp' or 'bn_mlp', not {projection!r}")
+        if pooling is not None:
+            encoder.pooling = pooling
+        self.temperature = temperature
+        self.aux_weight = aux_weight
+        self.mask_rate = mask_rate
+        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
+        self.stage1 = {
+            "steps": stage1_steps,
+            "epochs": stage1_epochs,
+            "batch_size": stage1_batch_size,
+            "micro_batch_size": stage1_micro_batch_size,
+            "lr": stage1_lr,
+            "weight_decay": stage1_weight_decay,
+            "warmup_ratio": stage1_warmup_ratio,
+            "max_grad_norm": stage1_max_grad_norm,
+            "mask_rate": stage1_mask_rate,
+            "mlm_weight": stage1_mlm_weight,
+            "seed": stage1_seed,
+            "amp": stage1_amp,
+        }
+
+        d = encoder.dim
+        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if projection == "mlp" else ProjectionMLP(d)
+        self.extra_layers = ExtraLayers(transformer, num_extra_layers, extra_layers_init)
+        self.mlm_head = MLMHead(transformer.config, transformer.get_input_embeddings())
+        source = mlm_head_from or getattr(transformer, "name_or_path", None) or encoder.base_model
+        state = find_mlm_head_state(source)
+        if state is not None:
+            self.mlm_head.load_state_dict(state, strict=False)  # W stays tied to the embeddings
+        self.mlm_head_source = str(source) if state is not None else "fresh"
+        self.aux_lower: nn.Module | None = None  # stage 2's frozen lower layers, built by prepare()
+
+        tok = encoder.tokenizer
+        self._special_ids = torch.tensor(sorted(set(tok.all_special_ids)), dtype=torch.long)
+        self._masker = DataCollatorForLanguageModeling(tok, mlm_probability=mask_rate, return_tensors="pt")
+        self._stage1_masker = DataCollatorForLanguageModeling(
+            tok, mlm_probability=stage1_mask_rate, return_tensors="pt"
+        )
+
+    # ---------------------------------------------------------------------------------------------
+    # Batches
+
+    def mask(self, features, masker: DataCollatorForLanguageModeling | None = None) -> dict[str, torch.Tensor]:
+        """x̂: BERT masking (80 % [MASK], 10 % random token, 10 % kept) of the non-special, non-padding
+        tokens; labels are the original ids there and −100 elsewhere."""
+        masker = masker or self._masker
+        ids = features["input_ids"]
+        never = ~features["attention_mask"].bool() | torch.isin(ids, self._special_ids)
+        masked, labels = masker.torch_mask_tokens(ids.clone(), special_tokens_mask=never)
+        out = {k: v for k, v in model_inputs(features).items() if k != "input_ids"}
+        return {"input_ids": masked, **out, "labels": labels}
+
+    def collate(self, examples: list[str]) -> dict[str, Any]:
+        texts = list(examples)
+        features = model_inputs(self.encoder.tokenize(texts * 2, max_length=self.max_length))
+        first = {k: v[: len(texts)] for k, v in features.items()}
+        return {"features": features, "mlm": self.mask(first)}
+
+    def collate_stage1(self, examples: list[str]) -> dict[str, torch.Tensor]:
+        features = model_inputs(self.encoder.tokenize(list(examples), max_length=self.max_length))
+        return self.mask(features, self._stage1_masker)
+
+    # ---------------------------------------------------------------------------------------------
+    # Pieces of the losses
+
+    def sentence_vector(self, out, attention_mask: torch.Tensor) -> torch.Tensor:
+        """h: the encoder's pooled vector before any head (the [CLS] of H under pooling "cls")."""
+        return pool(self.encoder.pooling, out.last_hidden_state, attention_mask, out.hidden_states)
+
+    @staticmethod
+    def aux_input(h: torch.Tensor, token_states: torch.Tensor) -> torch.Tensor:
+        """C = [h ; M>0]: h [B, H] takes the [CLS] slot, the tap layer's states [B, T, H] the rest."""
+        return torch.cat([h.unsqueeze(1).to(token_states.dtype), token_states[:, 1:]], dim=1)
+
+    def aux_loss(self, h, token_states, attention_mask, labels) -> torch.Tensor:
+        """L_aux (Eq. 5): the extra layers over C, the shared head, CE at the masked positions."""
+        hidden = self.extra_layers(self.aux_input(h, token_states), attention_mask)
+        return self.mlm_head.loss(hidden, labels)
+
+    def loss_from_embeddings(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        """L_cl (Eq. 3): InfoNCE over the MLP of the two dropout views, in-batch negatives."""
+        return info_nce(self.mlp(z1), self.mlp(z2), self.temperature)
+
+    def stage1_inputs(self, mlm: dict[str, torch.Tensor]):
+        """Stage 1's shared pass over x̂: (H, h, M) with M the tap layer's states (with grad)."""
+        inputs = {k: v for k, v in mlm.items() if k != "labels"}
+        out = self.encoder.transformer_outputs(**inputs, output_hidden_states=True)
+        # hidden_states[0] is the embedding output, so [k] is the k-th layer's output
+        return (
+            out.last_hidden_state,
+            self.sentence_vector(out, mlm["attention_mask"]),
+            out.hidden_states[self.tap_layer],
+        )
+
+    def stage1_losses(self, mlm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Eq. 4–6 on one masked batch: {"loss", "loss_aux", "loss_mlm"}."""
+        top, h, tapped = self.stage1_inputs(mlm)
+        loss_mlm = self.mlm_head.loss(top, mlm["labels"])
+        loss_aux = self.aux_loss(h, tapped, mlm["attention_mask"], mlm["labels"])
+        return {"loss": loss_aux + self.stage1["mlm_weight"] * loss_mlm, "loss_aux": loss_aux, "loss_mlm": loss_mlm}
+
+    def tapped_states(self, mlm: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Stage 2's Detach(M): the frozen lower copy's last states on x̂, computed without a graph."""
+        if self.aux_lower is None:
+            raise RuntimeError("InfoCSE.prepare() has not run: the auxiliary lower layers do not exist yet")
+        inputs = {k: v for k, v in mlm.items() if k != "labels"}
+        with torch.no_grad():
+            return self.aux_lower(**inputs, return_dict=True).last_hidden_state.detach()
+
+    # ---------------------------------------------------------------------------------------------
+    # Stage 2: the ordinary training step
+
+    def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        features, mlm = batch["features"], batch["mlm"]
+        enc = self.encoder
+        out = enc.transformer_outputs(**features, output_hidden_states=enc.pooling == "first_last_avg")
+        pooled = self.sentence_vector(out, features["attention_mask"])
+        emb = enc.head(pooled) if enc.head is not None else pooled
+        z1, z2 = emb.chunk(2)
+        loss_cl = self.loss_from_embeddings(z1, z2)
+        h = pooled[: z1.shape[0]]  # the first view's sentence vector; L_aux reaches the encoder only here
+        loss_aux = self.aux_loss(h, self.tapped_states(mlm), mlm["attention_mask"], mlm["labels"])
+        with torch.no_grad():
+            pos_cos = F.cosine_similarity(z1.float(), z2.float(), dim=-1).mean()
+        return {
+            "loss": loss_cl + self.aux_weight * loss_aux,
+            "loss_cl": loss_cl.detach(),
+            "loss_aux": loss_aux.detach(),
+            "pos_cos": pos_cos,
+        }
+
+    def inference_encoder(self) -> SentenceEncoder:
+        return self.encoder
+
+    # ---------------------------------------------------------------------------------------------
+    # Stage 1: pre-training the auxiliary network, then the split for stage 2
+
+    def prepare(self, examples: list[str], device: torch.device, **overrides) -> None:
+        """Run stage 1 on `examples` (keyword overrides of the stage1_* settings, without the prefix,
+        are for tests), then give the auxiliary network its frozen lower copy and its own W."""
+        if self.aux_lower is not None:
+            return  # stage 2 is already set up (prepare called twice)
+        cfg = {**self.stage1, **overrides}
+        device = torch.device(device)
+        self._pretrain_aux(list(examples), device, cfg)
+        self.aux_lower = frozen_lower_copy(self.encoder.transformer, self.tap_layer).to(device)
+        self.aux_lower.train(self.training)
+        self.mlm_head.untie()
+
+    def _pretrain_aux(self, examples: list[str], device: torch.device, cfg: dict) -> None:
+        world = dist.get_world_size() if is_distributed() else 1
+        rank = dist.get_rank() if is_distributed() else 0
+        global_batch = max(world, min(cfg["batch_size"], len(examples)))
+        local_batch = global_batch // world
+        steps = cfg["steps"]
+        if steps is None:
+            steps = math.ceil(cfg["epochs"] * math.ceil(len(examples) / global_batch))
+        if steps <= 0 or not examples:
+            return
+        micro = cfg["micro_batch_size"] or local_batch
+        # the encoder, the extra layers and the head (W is the embedding matrix: counted once); not the MLP
+        params = list(
+            {
+                id(p): p
+                for m in (self.encoder, self.extra_layers, self.mlm_head)
+                for p in m.parameters()
+                if p.requires_grad
+            }.values()
+        )
+        if world > 1:  # fresh heads were initialised under per-rank seeds: start every rank from rank 0's
+            for t in list(self.parameters()) + list(self.buffers()):
+                dist.broadcast(t.data, 0)
+        opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+        warmup = int(cfg["warmup_ratio"] * steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup))
+        )
+        use_bf16 = cfg["amp"] and device.type == "cuda" and torch.cuda.is_bf16_supported()
+        order = _index_stream(len(examples), torch.Generator().manual_seed(cfg["seed"]))
+        was_training = self.training
+        self.train()
+        bar = tqdm(total=steps, desc="infocse stage 1 (aux pre-training)", disable=rank != 0, dynamic_ncols=True)
+        for _ in range(steps):
+            idx = [next(order) for _ in range(global_batch)][rank * local_batch : (rank + 1) * local_batch]
+            texts = [examples[i] for i in idx]
+            opt.zero_grad(set_to_none=True)
+            logs = {"loss_aux": 0.0, "loss_mlm": 0.0}
+            for start in range(0, len(texts), micro):
+                chunk = texts[start : start + micro]
+                mlm = {k: v.to(device) for k, v in self.collate_stage1(chunk).items()}
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    out = self.stage1_losses(mlm)
+                (out["loss"] * len(chunk) / len(texts)).backward()
+                for k in logs:
+                    logs[k] += float(out[k].detach()) * len(chunk) / len(texts)
+            if world > 1:
+                for p in params:
+                    if p.grad is not None:  # the same graph on every rank, so the same grads exist
+                        dist.all_reduce(p.grad)
+                        p.grad /= world
+            if cfg["max_grad_norm"]:
+                torch.nn.utils.clip_grad_norm_(params, cfg["max_grad_norm"])
+            opt.step()
+            sched.step()
+            bar.update(1)
+            bar.set_postfix(aux=f"{logs['loss_aux']:.3f}", mlm=f"{logs['loss_mlm']:.3f}")
+        bar.close()
+        opt.zero_grad(set_to_none=True)
+        self.train(was_training)
+
+
+def _index_stream(n: int, generator: torch.Generator):
+    """Example indices epoch after epoch, each epoch a fresh permutation (identical on every rank)."""
+    while True:
+        yield from torch.randperm(n, generator=generator).tolist()
