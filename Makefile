@@ -48,3 +48,19 @@ lint: venv
 # Extra settings: ARGS='--set max_steps=100 --objective strategy=o2'
 train-export: venv wordnet
 	$(PY) -m training.train --method $(METHOD) --preset $(PRESET) --data-dir $(DATA) $(if $(BASE),--base $(BASE)) $(ARGS)
+
+# Evaluate the running service (URL=http://localhost:8080) or a model in process (MODEL=<export or HF dir>):
+# 7 STS tasks and both built retrieval sets, then a side-by-side report of every model under results/.
+URL ?=
+BEIR_DIR ?= data/beir
+EVAL_SOURCE = $(if $(URL),--url $(URL),--model $(if $(filter default,$(MODEL)),$(MODEL_DIR),$(MODEL)))
+EVAL_OUT ?= results/$(if $(URL),service,$(notdir $(if $(filter default,$(MODEL)),$(MODEL_DIR),$(MODEL))))
+
+$(BEIR_DIR)/%-retrieval/corpus.jsonl: | $(VENV)/.installed
+	$(PY) -m evaluation.build_sets $* --data-dir $(DATA) --out $(BEIR_DIR)/$*-retrieval
+
+eval: venv $(BEIR_DIR)/stsb-retrieval/corpus.jsonl $(BEIR_DIR)/snli-retrieval/corpus.jsonl
+	$(PY) -m evaluation.sts $(EVAL_SOURCE) --data-dir $(DATA) --out $(EVAL_OUT)/sts.json
+	$(PY) -m evaluation.retrieval $(EVAL_SOURCE) --data $(BEIR_DIR)/stsb-retrieval --out $(EVAL_OUT)/retrieval-stsb.json
+	$(PY) -m evaluation.retrieval $(EVAL_SOURCE) --data $(BEIR_DIR)/snli-retrieval --out $(EVAL_OUT)/retrieval-snli.json
+	$(PY) -m evaluation.report results/*/*.json --out results/report
