@@ -239,6 +239,19 @@ def test_stage1_lowers_the_pretraining_loss(tiny_encoder):
     torch.testing.assert_close(tiny_encoder.transformer.encoder.layer[0].attention.self.query.weight, new_layer0)
 
 
+def test_stage1_can_leave_the_encoder_alone(tiny_encoder):
+    obj = InfoCSE(tiny_encoder, stage1_train_encoder=False)
+    before = {k: v.detach().clone() for k, v in tiny_encoder.state_dict().items()}
+    extra = obj.extra_layers.layers[0].attention.self.query.weight.detach().clone()
+    transform = obj.mlm_head.transform.dense.weight.detach().clone()
+    obj.prepare(TEXTS * 2, CPU, steps=2, batch_size=8, lr=3e-3, warmup_ratio=0.0)
+    for k, v in tiny_encoder.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.requires_grad for p in tiny_encoder.parameters())  # trainable again for stage 2
+    assert not torch.equal(obj.extra_layers.layers[0].attention.self.query.weight, extra)
+    assert not torch.equal(obj.mlm_head.transform.dense.weight, transform)
+
+
 def test_forward_needs_prepare(tiny_encoder):
     obj = InfoCSE(tiny_encoder)
     with pytest.raises(RuntimeError, match="prepare"):
