@@ -11,7 +11,7 @@ from evaluation.build_sets import snli_retrieval, stsb_retrieval
 from evaluation.embedders import OnnxEmbedder, ServiceEmbedder, load_embedder
 from evaluation.retrieval import search_in_process, search_service
 from evaluation.sts import score_task
-from evaluation.sts_data import load_task, read_sts_year
+from evaluation.sts_data import StsTask, load_task, read_sts_year
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -56,7 +56,8 @@ def test_real_task_sizes(shared_data):
 
 
 def test_service_and_in_process_agree_on_sts(live_service, default_export, shared_data):
-    task = load_task("STS16", shared_data)
+    full = load_task("STS16", shared_data)
+    task = StsTask("STS16[:300]", full.sentences1[:300], full.sentences2[:300], full.scores[:300])
     over_http = score_task(task, ServiceEmbedder(live_service.url).encode)
     in_process = score_task(task, load_embedder(model=default_export).encode)
     assert abs(over_http - in_process) < 0.01
