@@ -52,3 +52,40 @@ def test_method_trains_and_exports_a_servable_model(method, tiny_model_dir, shar
         vectors = np.array(r.json()["embeddings"])
         assert vectors.shape == (2, manifest["dimension"])
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_resume_continues_a_run(tiny_model_dir, shared_data, tmp_path):
+    from training.trainer import train
+
+    common = dict(base_model=str(tiny_model_dir), data_dir=shared_data, eval_every=5, max_seq_length=24, epochs=20,
+                  runs_dir=tmp_path / "runs", models_dir=tmp_path / "models", **SMOKE["cosent"])
+    run_dir = tmp_path / "runs" / "r"
+    first = train(make_config("cosent", "quick", max_steps=10, **common), run_dir, log=lambda *_: None)
+    assert first.steps == 10
+    resumed = train(make_config("cosent", "quick", max_steps=15, resume=run_dir, **common), run_dir,
+                    log=lambda *_: None)
+    assert resumed.steps == 15 and resumed.initial_dev == first.initial_dev
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 16))  # steps 11–15 appended, none redone
+    assert [r["step"] for r in rows if "dev_spearman" in r] == [0, 5, 10, 15]
+    assert resumed.best_dev >= first.best_dev
+
+
+def test_torchrun_two_processes(tiny_model_dir, shared_data, tmp_path):
+    """DDP on CPU (gloo): two ranks, in-batch negatives gathered across them, rank 0 exports."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+           "-m", "training.train", "--method", "simcse", "--base", str(tiny_model_dir),
+           "--data-dir", str(shared_data), "--train-data", "text:corpus/wordnet-sentences.txt", "--max-steps", "6",
+           "--set", "train_limit=64", "batch_size=8", "epochs=3", "eval_every=3", "max_seq_length=16",
+           f"runs_dir='{tmp_path / 'runs'}'", f"models_dir='{tmp_path / 'models'}'"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world 2" in result.stdout
+    exports = list((tmp_path / "models").iterdir())
+    assert len(exports) == 1  # only rank 0 exported
+    rows = (next((tmp_path / "runs").iterdir()) / "metrics.jsonl").read_text().splitlines()
+    assert sum('"loss"' in r for r in rows) == 6

@@ -62,12 +62,15 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     return make_config(args.method, args.preset, objective=_parse_assignments(args.objective), **overrides)
 
 
-def train_and_export(cfg: TrainConfig, log=print) -> Path:
+def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
+    """The export directory (None on ranks other than 0 of a multi-process run)."""
     from training.trainer import train
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = cfg.resume or cfg.runs_dir / f"{cfg.method}-{stamp}"
     result = train(cfg, run_dir, log=log)
+    if not result.is_main:
+        return None
     encoder = SentenceEncoder.from_pretrained(result.best_dir)
     encoder.base_model = model_label(cfg.base_model)
     export_dir = cfg.models_dir / f"{cfg.method}-{stamp}"

@@ -40,6 +40,7 @@ class TrainResult:
     initial_dev: float
     steps: int
     seconds: float
+    is_main: bool = True  # rank 0: the only rank that evaluates, checkpoints and exports
 
 
 def seed_everything(seed: int) -> None:
@@ -107,8 +108,8 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
     rank, world, device = _setup_distributed()
     main = rank == 0
     seed_everything(cfg.seed + rank)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2))
 
     encoder = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length)
@@ -235,7 +236,9 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
         plot_metrics(metrics_path, run_dir / "metrics.png", title=f"{cfg.method} ({cfg.preset})")
         log(f"[train] {step} steps in {seconds:.0f}s; best STS-B dev {best_dev:.2f} at step {best_step} "
             f"(start {initial_dev:.2f})")
-    return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds)
+    if world > 1:
+        dist.barrier()  # the other ranks wait for rank 0's last evaluation and checkpoint
+    return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds, is_main=main)
 
 
 def plot_metrics(metrics_path: Path, out_png: Path, title: str = "") -> None:
