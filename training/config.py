@@ -53,14 +53,14 @@ CORPUS = "text:corpus/wordnet-sentences.txt"  # the offline stand-in for Wikiped
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
         # Unsupervised objectives start from a mean-pooled model: keep its pooling for inference.
-        "simcse": dict(train_data=CORPUS, train_limit=16_000, max_seq_length=32, batch_size=64, lr=3e-5,
-                       eval_every=50, objective={"pooling": "mean"}),
-        "conisi": dict(train_data=CORPUS, train_limit=12_000, max_seq_length=32, batch_size=64, lr=3e-5,
-                       eval_every=50, objective={"pooling": "mean"}),
+        "simcse": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+                       eval_every=25, objective={"pooling": "mean"}),
+        "conisi": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+                       eval_every=25, objective={"pooling": "mean"}),
         # Stage 1 on a CPU: a short, small-batch pass that trains only the auxiliary layers and head
         # (training the already-tuned encoder with a fresh MLM head first lowers its STS score).
-        "infocse": dict(train_data=CORPUS, train_limit=12_000, max_seq_length=32, batch_size=64, lr=3e-5,
-                        eval_every=50, objective={"pooling": "mean", "stage1_steps": 60, "stage1_batch_size": 64,
+        "infocse": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+                        eval_every=25, objective={"pooling": "mean", "stage1_steps": 60, "stage1_batch_size": 64,
                                                   "stage1_train_encoder": False}),
         # Larger steps than the paper's (2e-5, batch 16): two epochs must fit in minutes on a CPU.
         "cosent": dict(train_data="stsb:train", batch_size=32, lr=5e-5, weight_decay=0.01, warmup_ratio=0.1,
