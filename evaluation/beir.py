@@ -1,13 +1,37 @@
-"""BEIR's folder format: corpus.jsonl, queries.jsonl, qrels/<split>.tsv. Read, write, download."""
+"""BEIR's folder format: corpus.jsonl, queries.jsonl, qrels/<split>.tsv. Read, write, download.
+
+A folder may also hold `protocol.json`, our addition, saying how identical query/document pairs are
+treated when it is evaluated (see `Protocol`); real BEIR downloads have none and get BEIR's default.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
+
+
+PROTOCOL_FILE = "protocol.json"
+
+
+@dataclass
+class Protocol:
+    """Which documents are dropped from a query's ranking before it is scored.
+
+    ignore_identical_ids: a document whose id equals the query's id (BEIR's default,
+        `EvaluateRetrieval.evaluate(..., ignore_identical_ids=True)`: for sets such as Quora whose
+        queries are also documents).
+    ignore_identical_text: a document whose text equals the query's text after whitespace
+        normalisation (the in-domain STS-B protocol: a query sentence is in the corpus and must not
+        find itself, whichever of its copies it is).
+    """
+
+    ignore_identical_ids: bool = True
+    ignore_identical_text: bool = False
+    note: str = ""
 
 
 @dataclass
@@ -15,12 +39,12 @@ class BeirSet:
     corpus: dict[str, dict[str, str]]  # doc id → {"title", "text"}
     queries: dict[str, str]
     qrels: dict[str, dict[str, int]]
+    protocol: Protocol = field(default_factory=Protocol)
 
     @staticmethod
     def document_text(doc: dict[str, str]) -> str:
-        """Title and text joined as BEIR's dense models join them."""
-        title = (doc.get("title") or "").strip()
-        return f"{title} {doc.get('text', '')}".strip() if title else doc.get("text", "")
+        """Title and text as BEIR's dense models embed a document: (title + " " + text).strip()."""
+        return ((doc.get("title") or "") + " " + (doc.get("text") or "")).strip()
 
 
 def load(folder: str | Path, split: str = "test") -> BeirSet:
@@ -38,15 +62,20 @@ def load(folder: str | Path, split: str = "test") -> BeirSet:
     with open(folder / "queries.jsonl", encoding="utf-8") as f:
         queries = {str(q["_id"]): q["text"] for q in map(json.loads, filter(str.strip, f))}
     qrels: dict[str, dict[str, int]] = {}
-    with open(qrels_file, encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t")
-        header = next(reader)
-        if header[:2] != ["query-id", "corpus-id"]:
-            raise ValueError(f"{qrels_file}: expected a query-id/corpus-id/score header, got {header}")
-        for qid, did, score in reader:
-            qrels.setdefault(qid, {})[did] = int(score)
-    qrels = {q: docs for q, docs in qrels.items() if q in queries}
-    return BeirSet(corpus, {q: queries[q] for q in qrels}, qrels)
+    with open(qrels_file, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+        next(reader, None)  # the query-id / corpus-id / score header, skipped as BEIR skips it
+        for row in reader:
+            if row:
+                qrels.setdefault(row[0], {})[row[1]] = int(row[2])
+    missing = [q for q in qrels if q not in queries]
+    if missing:
+        raise ValueError(f"{qrels_file}: {len(missing)} judged queries are not in queries.jsonl, e.g. {missing[:3]}")
+    protocol = Protocol()
+    if (folder / PROTOCOL_FILE).is_file():
+        protocol = Protocol(**json.loads((folder / PROTOCOL_FILE).read_text()))
+    # as BEIR's loader: the queries are those with judgements
+    return BeirSet(corpus, {q: queries[q] for q in qrels}, qrels, protocol)
 
 
 def write(folder: str | Path, data: BeirSet, split: str = "test") -> None:
@@ -64,15 +93,22 @@ def write(folder: str | Path, data: BeirSet, split: str = "test") -> None:
         for qid, docs in data.qrels.items():
             for did, rel in docs.items():
                 w.writerow([qid, did, rel])
+    (folder / PROTOCOL_FILE).write_text(json.dumps(asdict(data.protocol), indent=2) + "\n")
 
 
 def download(name: str, out_dir: str | Path) -> Path:  # pragma: no cover - needs the internet
-    """Fetch a public BEIR dataset (e.g. scifact, nfcorpus) into out_dir/<name>."""
-    import io
+    """Fetch a public BEIR dataset (e.g. scifact, nfcorpus, fiqa) into out_dir/<name>, from the
+    same address BEIR's own util.download_and_unzip uses."""
+    import shutil
+    import tempfile
     import urllib.request
     import zipfile
 
     out_dir = Path(out_dir)
-    with urllib.request.urlopen(BEIR_URL.format(name=name), timeout=300) as r:
-        zipfile.ZipFile(io.BytesIO(r.read())).extractall(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as tmp:
+        with urllib.request.urlopen(BEIR_URL.format(name=name), timeout=300) as r:
+            shutil.copyfileobj(r, tmp)  # streamed: some sets are gigabytes
+        tmp.seek(0)
+        zipfile.ZipFile(tmp).extractall(out_dir)
     return out_dir / name

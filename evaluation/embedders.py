@@ -1,18 +1,24 @@
-"""What the harness evaluates: anything with `encode(texts) -> [n, dim]` float32 array.
+"""What the harness evaluates: anything with `encode(texts) -> float32 array [n, dim]`.
 
-Three kinds: the running service over HTTP, an ONNX export in process, a HF/sentence-transformers
-directory in process (torch). `load_embedder` picks one from `--url` / `--model`.
+Three implementations, picked by `load_embedder(url=..., model=...)`:
+- `ServiceEmbedder`: the running service, POST /embed, chunked to the service's request limit;
+- `OnnxEmbedder`: an export directory (manifest.json + model.onnx) in process, the service's own encoder;
+- `TorchEmbedder`: a HF / sentence-transformers directory in process (training.encoder.SentenceEncoder).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+#: the service refuses requests with more texts than this (HTTP 413); /info may announce another limit
+SERVICE_MAX_INPUTS = 256
 
+
+@runtime_checkable
 class Embedder(Protocol):
     name: str
 
@@ -20,55 +26,91 @@ class Embedder(Protocol):
 
 
 class ServiceError(RuntimeError):
-    pass
+    """The service answered with an error, or could not be reached after the retries."""
 
 
 class HttpClient:
-    """A small client for the service: chunked requests, retries on connection errors and 503."""
+    """The service's REST API: JSON in and out, retried on connection errors and 503 (queue full).
 
-    def __init__(self, url: str, chunk: int = 128, timeout: float = 120.0, retries: int = 5):
+    Other errors fail at once with the status and the service's error body: a 4xx means the request
+    itself is wrong (too many texts, a text too long, a bad field) and retrying cannot help.
+    """
+
+    def __init__(self, url: str, chunk: int = 128, timeout: float = 300.0, retries: int = 5, backoff: float = 0.5):
         import httpx
 
         self.url = url.rstrip("/")
-        self.chunk = chunk
         self.retries = retries
+        self.backoff = backoff
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._info: dict | None = None
+        self._chunk = chunk
 
     def request(self, method: str, path: str, json: Any = None) -> Any:
         import httpx
 
         for attempt in range(self.retries + 1):
+            last = attempt == self.retries
             try:
                 r = self._http.request(method, path, json=json)
-            except httpx.TransportError as e:
-                if attempt == self.retries:
-                    raise ServiceError(f"cannot reach {self.url}{path}: {e}") from e
+            except httpx.TransportError as e:  # refused, reset, timed out: the service may be restarting
+                if last:
+                    raise ServiceError(f"cannot reach {self.url}{path} ({type(e).__name__}: {e})") from e
             else:
-                if r.status_code == 503 and attempt < self.retries:
-                    pass  # queue full: back off and retry
-                elif r.is_success:
+                if r.is_success:
                     return r.json()
-                else:
-                    raise ServiceError(f"{method} {path} → HTTP {r.status_code}: {r.text[:500]}")
-            time.sleep(min(2**attempt * 0.25, 5))
+                if r.status_code != 503 or last:
+                    raise ServiceError(f"{method} {self.url}{path} → HTTP {r.status_code}: {r.text[:500]}")
+            time.sleep(min(self.backoff * 2**attempt, 8.0))
         raise AssertionError("unreachable")
 
+    def info(self) -> dict:
+        """GET /info (manifest, index size, limits), fetched once; {} if the service has no /info."""
+        if self._info is None:
+            try:
+                self._info = self.request("GET", "/info")
+            except ServiceError as e:
+                if "HTTP 404" not in str(e):
+                    raise
+                self._info = {}
+        return self._info
+
+    def limits(self) -> dict:
+        return self.info().get("limits", {})
+
+    def model_name(self) -> str:
+        return self.info().get("manifest", {}).get("name") or self.url
+
+    @property
+    def chunk(self) -> int:
+        """Texts per request: as asked, but never more than the service accepts."""
+        return min(self._chunk, self.limits().get("max_inputs_per_request", SERVICE_MAX_INPUTS))
+
     def chunks(self, items: list) -> list[list]:
-        return [items[i : i + self.chunk] for i in range(0, len(items), self.chunk)]
+        n = self.chunk
+        return [items[i : i + n] for i in range(0, len(items), n)]
 
 
 class ServiceEmbedder:
+    """Embeds through POST /embed with normalize=true, `chunk` texts per request (≤ the service's limit)."""
+
     def __init__(self, url: str, chunk: int = 128):
         self.client = HttpClient(url, chunk)
-        self.name = self.client.request("GET", "/info")["manifest"]["name"]
+        self.name = self.client.model_name()
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        rows = [self.client.request("POST", "/embed", {"inputs": part})["embeddings"]
-                for part in self.client.chunks(list(texts))]
-        return np.asarray([r for part in rows for r in part], dtype=np.float32).reshape(len(texts), -1)
+        texts = list(texts)
+        rows: list[list[float]] = []
+        for part in self.client.chunks(texts):
+            rows += self.client.request("POST", "/embed", {"inputs": part, "normalize": True})["embeddings"]
+        if len(rows) != len(texts):
+            raise ServiceError(f"asked for {len(texts)} embeddings, got {len(rows)}")
+        return np.asarray(rows, dtype=np.float32).reshape(len(texts), -1)
 
 
 class OnnxEmbedder:
+    """An export directory in process, through the same OnnxEncoder the service runs."""
+
     def __init__(self, export_dir: str | Path):
         from service.encoder import OnnxEncoder
 
@@ -76,24 +118,28 @@ class OnnxEmbedder:
         self.name = self.encoder.manifest.name
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        return self.encoder.encode(list(texts))
+        return self.encoder.encode(list(texts), normalize=True)
 
 
 class TorchEmbedder:
-    def __init__(self, model_dir: str | Path):
+    """A HF / sentence-transformers directory in process (torch, eval mode, normalised)."""
+
+    def __init__(self, model_dir: str | Path, batch_size: int = 64):
         from training.encoder import SentenceEncoder
 
         self.encoder = SentenceEncoder.from_pretrained(model_dir)
+        self.batch_size = batch_size
         self.name = Path(model_dir).name
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        return self.encoder.encode(list(texts))
+        return self.encoder.encode(list(texts), batch_size=self.batch_size, normalize=True)
 
 
 def load_embedder(url: str | None = None, model: str | Path | None = None) -> Embedder:
-    """`url` → the running service; `model` → an export dir (has manifest.json) or a HF/ST dir."""
+    """`url` → the running service; `model` → an export directory (has manifest.json) or a HF /
+    sentence-transformers directory (has config.json). Exactly one of the two."""
     if (url is None) == (model is None):
-        raise ValueError("give exactly one of --url or --model")
+        raise ValueError("give exactly one of url (the running service) or model (a directory)")
     if url is not None:
         return ServiceEmbedder(url)
     path = Path(model)
@@ -101,4 +147,5 @@ def load_embedder(url: str | None = None, model: str | Path | None = None) -> Em
         return OnnxEmbedder(path)
     if (path / "config.json").is_file():
         return TorchEmbedder(path)
-    raise ValueError(f"{model} is neither an export directory (manifest.json) nor a HF model (config.json)")
+    raise ValueError(f"{model} is neither an export directory (manifest.json + model.onnx) "
+                     "nor a HF / sentence-transformers directory (config.json)")

@@ -3,10 +3,17 @@
     python -m evaluation.retrieval --url http://localhost:8080 --data data/beir/stsb-retrieval
     python -m evaluation.retrieval --model models/all-MiniLM-L6-v2 --data data/beir/snli-retrieval
 
-With --url the corpus is loaded through POST /index/documents (after DELETE /index unless
---keep-index) and ranked through POST /search. A document whose id equals the query's id is dropped
-from that query's ranking (BEIR's ignore_identical_ids), so sets whose queries are also documents
-never count a query retrieving itself. Rankings go `--depth` deep (default 100); MAP is over that depth.
+Documents are embedded as BEIR embeds them, (title + " " + text).strip(); queries as they are.
+With --url the index is cleared (DELETE /index, unless --keep-index), the corpus is loaded through
+POST /index/documents and every query ranked through POST /search: the service's own FAISS
+inner-product search over normalised vectors. With --model the same exact search runs in process
+(faiss IndexFlatIP). Rankings are --depth deep (100: nDCG@100, Recall@100, MAP over 100).
+
+Identical query/document pairs: as BEIR's EvaluateRetrieval (ignore_identical_ids=True), a document
+whose id equals the query's id is dropped from that query's ranking, so a query that is also a
+document never counts itself. A set whose protocol.json says ignore_identical_text also drops the
+documents whose text is the query's text (the in-domain STS-B set: see evaluation.build_sets).
+Enough extra hits are fetched that every ranking still holds --depth documents after the drops.
 """
 
 from __future__ import annotations
@@ -14,95 +21,132 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from evaluation import beir
 from evaluation.embedders import Embedder, HttpClient, load_embedder
-from evaluation.metrics import evaluate_run
+from evaluation.metrics import Run, evaluate_run, ranked
+from evaluation.sts_data import normalize
 
-Run = dict[str, dict[str, float]]
+
+def excluded_documents(data: beir.BeirSet) -> dict[str, set[str]]:
+    """For each query, the documents its ranking must not contain under the set's protocol."""
+    by_text: dict[str, set[str]] = {}
+    if data.protocol.ignore_identical_text:
+        for did, doc in data.corpus.items():
+            by_text.setdefault(normalize(beir.BeirSet.document_text(doc)), set()).add(did)
+    out = {}
+    for qid, text in data.queries.items():
+        drop = set(by_text.get(normalize(text), ()))
+        if data.protocol.ignore_identical_ids and qid in data.corpus:
+            drop.add(qid)
+        out[qid] = drop
+    return out
 
 
-def _drop_identical(run: Run, depth: int) -> Run:
+def _finish(run: Run, excluded: dict[str, set[str]], depth: int) -> Run:
+    """Drop the excluded documents, keep the best `depth` (trec_eval's order) of what is left."""
     out = {}
     for qid, docs in run.items():
-        kept = sorted(((d, s) for d, s in docs.items() if d != qid), key=lambda x: -x[1])[:depth]
-        out[qid] = dict(kept)
+        kept = {d: s for d, s in docs.items() if d not in excluded.get(qid, ())}
+        out[qid] = {d: kept[d] for d in ranked(kept)[:depth]}
     return out
 
 
 def search_in_process(embedder: Embedder, data: beir.BeirSet, depth: int = 100) -> Run:
     import faiss
 
+    excluded = excluded_documents(data)
     doc_ids = list(data.corpus)
-    docs = embedder.encode([beir.BeirSet.document_text(data.corpus[d]) for d in doc_ids])
     query_ids = list(data.queries)
-    queries = embedder.encode([data.queries[q] for q in query_ids])
-    faiss.normalize_L2(docs := np.ascontiguousarray(docs, dtype=np.float32))
-    faiss.normalize_L2(queries := np.ascontiguousarray(queries, dtype=np.float32))
+    docs = np.ascontiguousarray(embedder.encode([beir.BeirSet.document_text(data.corpus[d]) for d in doc_ids]),
+                                dtype=np.float32)
+    queries = np.ascontiguousarray(embedder.encode([data.queries[q] for q in query_ids]), dtype=np.float32)
+    faiss.normalize_L2(docs)  # cosine, whatever the embedder returns
+    faiss.normalize_L2(queries)
     index = faiss.IndexFlatIP(docs.shape[1])
     index.add(docs)
-    scores, rows = index.search(queries, min(depth + 1, len(doc_ids)))  # +1: room for a dropped self-match
+    k = min(depth + max((len(e) for e in excluded.values()), default=0), len(doc_ids))
+    scores, rows = index.search(queries, k)
     run = {q: {doc_ids[r]: float(s) for s, r in zip(srow, rrow) if r >= 0}
            for q, srow, rrow in zip(query_ids, scores, rows)}
-    return _drop_identical(run, depth)
+    return _finish(run, excluded, depth)
+
+
+def index_corpus(client: HttpClient, data: beir.BeirSet, keep_index: bool = False) -> None:
+    """Load the corpus into the service's index, in chunks it accepts."""
+    if not keep_index:
+        client.request("DELETE", "/index")
+    # Texts beyond the service's character limit are refused: cut them there. The model sees at most
+    # max_seq_length tokens (≤ 512, a few thousand characters), so the embedding does not change.
+    max_chars = client.limits().get("max_input_chars")
+    documents = [{"id": d, "text": beir.BeirSet.document_text(doc)[:max_chars],
+                  "metadata": {"title": doc.get("title") or ""}} for d, doc in data.corpus.items()]
+    for part in client.chunks(documents):
+        client.request("POST", "/index/documents", {"documents": part})
 
 
 def search_service(url: str, data: beir.BeirSet, depth: int = 100, keep_index: bool = False,
                    chunk: int = 128) -> Run:
     client = HttpClient(url, chunk)
-    if not keep_index:
-        client.request("DELETE", "/index")
-    documents = [{"id": d, "text": beir.BeirSet.document_text(doc), "metadata": {"title": doc.get("title", "")}}
-                 for d, doc in data.corpus.items()]
-    for part in client.chunks(documents):
-        client.request("POST", "/index/documents", {"documents": part})
+    index_corpus(client, data, keep_index)
+    excluded = excluded_documents(data)
+    k = depth + max((len(e) for e in excluded.values()), default=0)
+    max_chars = client.limits().get("max_input_chars")
     query_ids = list(data.queries)
     run: Run = {}
     for part in client.chunks(query_ids):
-        results = client.request("POST", "/search", {"query": [data.queries[q] for q in part], "k": depth + 1})
-        for qid, hits in zip(part, results["results"]):
+        results = client.request("POST", "/search", {"query": [data.queries[q][:max_chars] for q in part], "k": k})
+        for qid, hits in zip(part, results["results"], strict=True):
             run[qid] = {h["id"]: h["score"] for h in hits}
-    return _drop_identical(run, depth)
+    return _finish(run, excluded, depth)
 
 
-def format_table(model: str, dataset: str, metrics: dict[str, float]) -> str:
+def format_table(label: str, dataset: str, metrics: dict[str, float]) -> str:
     names = list(metrics)
     return "\n".join([
         "| model | set | " + " | ".join(names) + " |",
         "|---" * (len(names) + 2) + "|",
-        f"| {model} | {dataset} | " + " | ".join(f"{100 * metrics[n]:.2f}" for n in names) + " |",
+        f"| {label} | {dataset} | " + " | ".join(f"{100 * metrics[n]:.2f}" for n in names) + " |",
     ])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--url", help="base URL of a running service (its index is replaced)")
+    source.add_argument("--url", help="base URL of a running service (its index is cleared and replaced)")
     source.add_argument("--model", help="export directory or HF/sentence-transformers directory")
     parser.add_argument("--data", type=Path, required=True, help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--depth", type=int, default=100)
+    parser.add_argument("--split", default="test", help="qrels/<split>.tsv")
+    parser.add_argument("--depth", type=int, default=100, help="documents ranked per query")
     parser.add_argument("--keep-index", action="store_true", help="with --url: add to the index, do not clear it")
     parser.add_argument("--out", type=Path, help="write the metrics as JSON here")
+    parser.add_argument("--label", help="row name in reports (default: the model name, '+(service)' with --url)")
     args = parser.parse_args(argv)
 
     data = beir.load(args.data, args.split)
+    start = time.perf_counter()
     if args.url:
-        name = HttpClient(args.url).request("GET", "/info")["manifest"]["name"]
+        name = HttpClient(args.url).model_name()
         run = search_service(args.url, data, args.depth, args.keep_index)
     else:
         embedder = load_embedder(model=args.model)
         name, run = embedder.name, search_in_process(embedder, data, args.depth)
+    seconds = time.perf_counter() - start
     metrics = evaluate_run(data.qrels, run)
-    print(format_table(name, args.data.name, metrics))
+    label = args.label or (f"{name} (service)" if args.url else name)
+    print(format_table(label, args.data.name, metrics))
+    print(f"({len(data.queries)} queries, {len(data.corpus)} documents, {seconds:.0f} s)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"model": name, "source": args.url or args.model, "dataset": args.data.name,
-                                        "queries": len(data.queries), "documents": len(data.corpus),
-                                        "retrieval": metrics}, indent=2))
+        record = {"model": name, "label": label, "source": args.url or args.model, "dataset": args.data.name,
+                  "split": args.split, "queries": len(data.queries), "documents": len(data.corpus),
+                  "depth": args.depth, "protocol": vars(data.protocol), "retrieval": metrics,
+                  "seconds": round(seconds, 1)}
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -9,22 +9,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from evaluation.embedders import load_embedder
+from evaluation.embedders import Embedder, load_embedder
 from evaluation.sts_data import TASKS, StsTask, load_task
 
 Encode = Callable[[list[str]], np.ndarray]
 
 
+def _encode_fn(embedder: Embedder | Encode) -> Encode:
+    return embedder.encode if hasattr(embedder, "encode") else embedder
+
+
 def cosine_scores(encode: Encode, task: StsTask) -> np.ndarray:
-    """Cosine of each pair; every distinct sentence is embedded once."""
+    """Cosine of each pair; every distinct sentence is embedded once (embeddings need not be unit)."""
     unique = list(dict.fromkeys(task.sentences1 + task.sentences2))
-    vectors = encode(unique)
+    vectors = np.asarray(encode(unique), dtype=np.float64)
     vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
     row = {s: i for i, s in enumerate(unique)}
     a = vectors[[row[s] for s in task.sentences1]]
@@ -32,19 +37,23 @@ def cosine_scores(encode: Encode, task: StsTask) -> np.ndarray:
     return (a * b).sum(axis=1)
 
 
-def score_task(task: StsTask, encode: Encode) -> float:
-    return float(100 * spearmanr(cosine_scores(encode, task), task.scores).statistic)
+def score_task(task: StsTask, embedder: Embedder | Encode) -> float:
+    """Spearman × 100 between the pairs' cosine similarities and the gold scores."""
+    return float(100 * spearmanr(cosine_scores(_encode_fn(embedder), task), task.scores).statistic)
 
 
-def stsb_dev_spearman(encode: Encode, data_dir: str | Path | None) -> float:
+def stsb_dev_spearman(encode: Embedder | Encode, data_dir: str | Path | None) -> float:
     """STS-B dev Spearman × 100: the papers' model-selection metric, used by the training loop."""
     if data_dir is None:
         raise ValueError("STS-B dev needs a data_dir")
     return score_task(load_task("STSBenchmark-dev", data_dir), encode)
 
 
-def evaluate_sts(encode: Encode, data_dir: str | Path, tasks: tuple[str, ...] = TASKS) -> dict[str, float]:
-    results = {name: score_task(load_task(name, data_dir), encode) for name in tasks}
+def evaluate_sts(
+    embedder: Embedder | Encode, *, data_dir: str | Path, tasks: tuple[str, ...] | list[str] = TASKS
+) -> dict[str, float]:
+    """{task: Spearman × 100} for each task, plus "avg" (their plain mean, as the papers' Avg.)."""
+    results = {name: score_task(load_task(name, data_dir), embedder) for name in tasks}
     results["avg"] = float(np.mean([results[t] for t in tasks]))
     return results
 
@@ -65,15 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="folder holding senteval/STS, senteval/SICK")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
+    parser.add_argument("--label", help="row name in reports (default: the model name, '+(service)' with --url)")
     args = parser.parse_args(argv)
 
     embedder = load_embedder(args.url, args.model)
-    results = evaluate_sts(embedder.encode, args.data_dir, tuple(args.tasks))
-    print(format_table(embedder.name, results))
+    label = args.label or (f"{embedder.name} (service)" if args.url else embedder.name)
+    start = time.perf_counter()
+    results = evaluate_sts(embedder, data_dir=args.data_dir, tasks=args.tasks)
+    seconds = time.perf_counter() - start
+    print(format_table(label, results))
+    print(f"({seconds:.0f} s)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        source_desc = args.url or str(args.model)
-        args.out.write_text(json.dumps({"model": embedder.name, "source": source_desc, "sts": results}, indent=2))
+        record = {"model": embedder.name, "label": label, "source": args.url or str(args.model),
+                  "metric": "Spearman x 100 of cosine similarity", "sts": results, "seconds": round(seconds, 1)}
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

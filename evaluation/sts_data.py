@@ -15,6 +15,14 @@ from training.data import find_source_dir, read_sick, read_stsb
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 TASKS = (*STS_YEARS, "STSBenchmark", "SICKRelatedness")
+#: the subsets SentEval scores per year (STS13's SMT is not distributed: it has a gold file, no input)
+SENTEVAL_SUBSETS = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
 
 
 @dataclass
@@ -29,6 +37,7 @@ class StsTask:
 
 
 def normalize(sentence: str) -> str:
+    """SentEval's tokenisation (`s.split()`) joined back with single spaces, as SimCSE's batcher does."""
     return " ".join(sentence.split())
 
 
@@ -40,14 +49,22 @@ def _year_dir(data_dir: Path, year: str) -> Path:
     raise FileNotFoundError(f"no {year}-en-test folder under {data_dir}")
 
 
-def read_sts_year(folder: Path) -> list[tuple[str, str, float]]:
-    """Every subset with both an input and a gold file ('ALL' summary files are not subsets)."""
+def sts_year_subsets(folder: str | Path) -> list[str]:
+    """Every subset with both an input and a gold file ('ALL' summary files are not subsets); on the
+    SentEval folders these are exactly SENTEVAL_SUBSETS (the tests check it)."""
+    folder = Path(folder)
+    subsets = [g.name[len("STS.gs.") : -len(".txt")] for g in sorted(folder.glob("STS.gs.*.txt"))]
+    return [s for s in subsets if s != "ALL" and (folder / f"STS.input.{s}.txt").is_file()]
+
+
+def read_sts_year(folder: str | Path) -> list[tuple[str, str, float]]:
+    """(s1, s2, gold) of every subset of a year, concatenated ("all" setting); as SentEval reads them:
+    lines split on tabs, an empty gold line means the pair is unscored and is skipped."""
+    folder = Path(folder)
     pairs = []
-    for gold in sorted(folder.glob("STS.gs.*.txt")):
-        subset = gold.name[len("STS.gs.") : -len(".txt")]
+    for subset in sts_year_subsets(folder):
+        gold = folder / f"STS.gs.{subset}.txt"
         inputs = folder / f"STS.input.{subset}.txt"
-        if subset == "ALL" or not inputs.is_file():
-            continue
         lines = inputs.read_text(encoding="utf-8").splitlines()
         scores = gold.read_text(encoding="utf-8").splitlines()
         if len(lines) != len(scores):
@@ -59,16 +76,31 @@ def read_sts_year(folder: Path) -> list[tuple[str, str, float]]:
     return pairs
 
 
+def read_stsb_split(data_dir: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
+    """STS-B sts-<split>.csv as (s1, s2, score 0–5): tab separated, csv.QUOTE_NONE, extra fields ignored."""
+    return [(p.sentence1, p.sentence2, p.label) for p in read_stsb(find_source_dir("stsb", data_dir), split)]
+
+
+def read_sick_split(data_dir: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
+    """SICK as (s1, s2, relatedness 1–5); "test" is SentEval's SICK_test_annotated.txt (4,927 pairs)."""
+    return [(p.sentence1, p.sentence2, p.label) for p in read_sick(find_source_dir("sick", data_dir), split)]
+
+
 def load_task(name: str, data_dir: str | Path) -> StsTask:
+    """One of TASKS (or "STSBenchmark-dev", the papers' model-selection set), whitespace-normalised.
+
+    `data_dir` is a folder holding senteval/STS/... and senteval/SICK (the shared-data layout) or
+    SentEval's downstream/ layout; see training.data.find_source_dir.
+    """
     data_dir = Path(data_dir)
     if name in STS_YEARS:
         pairs = read_sts_year(_year_dir(data_dir, name))
     elif name == "STSBenchmark":
-        pairs = [(p.sentence1, p.sentence2, p.label) for p in read_stsb(find_source_dir("stsb", data_dir), "test")]
+        pairs = read_stsb_split(data_dir, "test")
     elif name == "STSBenchmark-dev":
-        pairs = [(p.sentence1, p.sentence2, p.label) for p in read_stsb(find_source_dir("stsb", data_dir), "dev")]
+        pairs = read_stsb_split(data_dir, "dev")
     elif name == "SICKRelatedness":
-        pairs = [(p.sentence1, p.sentence2, p.label) for p in read_sick(find_source_dir("sick", data_dir), "test")]
+        pairs = read_sick_split(data_dir, "test")
     else:
         raise ValueError(f"unknown STS task {name!r}; choose from {', '.join(TASKS)}")
     return StsTask(name, [normalize(a) for a, _, _ in pairs], [normalize(b) for _, b, _ in pairs],
