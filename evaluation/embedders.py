@@ -100,12 +100,17 @@ class ServiceEmbedder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         texts = list(texts)
+        # Requests of similar lengths pad less inside the service's batches; rows go back in order.
+        order = np.argsort([-len(t) for t in texts], kind="stable")
         rows: list[list[float]] = []
-        for part in self.client.chunks(texts):
-            rows += self.client.request("POST", "/embed", {"inputs": part, "normalize": True})["embeddings"]
-        if len(rows) != len(texts):
-            raise ServiceError(f"asked for {len(texts)} embeddings, got {len(rows)}")
-        return np.asarray(rows, dtype=np.float32).reshape(len(texts), -1)
+        for part in self.client.chunks([texts[i] for i in order]):
+            got = self.client.request("POST", "/embed", {"inputs": part, "normalize": True})["embeddings"]
+            if len(got) != len(part):
+                raise ServiceError(f"asked for {len(part)} embeddings, got {len(got)}")
+            rows += got
+        out = np.zeros((len(texts), len(rows[0]) if rows else 0), dtype=np.float32)
+        out[order] = np.asarray(rows, dtype=np.float32).reshape(len(texts), -1)
+        return out
 
 
 class OnnxEmbedder:

@@ -71,8 +71,10 @@ def bar_chart(table: dict[str, dict[str, float]], panels: list[tuple[str, list[s
         ax.set_ylabel("score × 100")
         ax.set_ylim(0, 100)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize="small", loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    rows = -(-len(labels) // 3)
+    fig.legend(handles, labels, loc="upper center", ncol=min(3, len(labels)), fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.035 * rows / len(panels)))
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
 

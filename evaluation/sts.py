@@ -1,7 +1,11 @@
-"""STS evaluation: Spearman × 100 of cosine similarity against gold, on the papers' seven tasks.
+"""STS evaluation as SentEval/SimCSE run it: Spearman × 100 of cosine similarity against gold.
 
     python -m evaluation.sts --url http://localhost:8080 --data-dir ../shared/data [--out results/sts.json]
     python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir ../shared/data
+
+Tasks: STS12–16 in the "all" setting (every subset of a year concatenated, one Spearman), STS-B test,
+SICK-R test; "avg" is their mean. Sentences are whitespace-normalised (evaluation.sts_data). The
+training loop selects checkpoints with `stsb_dev_spearman`, the same code on STS-B dev.
 """
 
 from __future__ import annotations
