@@ -85,10 +85,11 @@ class FaissIndex:
             if len(self) == 0:
                 return [[] for _ in range(len(queries))]
             scores, ids = self._index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(self)))
-            return [
-                [Hit(d.id, float(s), d.text, d.metadata) for s, i in zip(row_s, row_i) if i >= 0 for d in [self._docs[i]]]
-                for row_s, row_i in zip(scores, ids)
-            ]
+            hits = []
+            for row_s, row_i in zip(scores, ids):
+                docs = [(self._docs[i], s) for s, i in zip(row_s, row_i) if i >= 0]
+                hits.append([Hit(d.id, float(s), d.text, d.metadata) for d, s in docs])
+            return hits
 
     def delete(self, ids: list[str]) -> int:
         with self._lock:

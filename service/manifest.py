@@ -34,7 +34,7 @@ class Manifest(BaseModel):
     training: dict[str, Any] | None = None
 
     @classmethod
-    def load(cls, export_dir: str | Path) -> "Manifest":
+    def load(cls, export_dir: str | Path) -> Manifest:
         path = Path(export_dir) / MANIFEST_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: is {export_dir} an export directory?")

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from numpy_reference import np_info_nce
 
 from training.augment.construct import antonym_replace, other_indices, subword_replace
 from training.augment.wordnet import Antonyms, WordNetMissing, load_antonyms
@@ -23,15 +24,6 @@ TAU = 0.05
 
 
 # ---------- independent numpy reference ----------
-def np_info_nce(q, k, tau):
-    q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    k = k / np.linalg.norm(k, axis=1, keepdims=True)
-    logits = q @ k.T / tau
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    return float(-np.mean(np.log(np.diag(p))))
-
-
 def np_g(h, w1, b1, gamma, beta, eps=1e-5):
     """ELU(BN(W1 h + b1)) with BN in training mode (batch mean, biased variance)."""
     a = h @ w1.T + b1

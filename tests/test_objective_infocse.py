@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from numpy_reference import np_info_nce
 
 from training.encoder import SentenceEncoder
 from training.objectives import get_objective
@@ -28,15 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def np_info_nce(q: np.ndarray, k: np.ndarray, tau: float) -> float:
-    q = q / np.linalg.norm(q, axis=1, keepdims=True)
-    k = k / np.linalg.norm(k, axis=1, keepdims=True)
-    logits = q @ k.T / tau
-    logits = logits - logits.max(axis=1, keepdims=True)
-    log_softmax = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    return float(-np.mean(np.diag(log_softmax)))
 
 
 def np_masked_ce(logits: np.ndarray, labels: np.ndarray) -> float:

@@ -127,7 +127,8 @@ def test_oversized_requests_get_413(client, live_service):
 
 
 def test_failed_index_request_adds_nothing(client, empty_index):
-    r = client.post("/index/documents", json={"documents": [{"id": "ok", "text": "fine"}, {"id": "big", "text": "z" * 6000}]})
+    documents = [{"id": "ok", "text": "fine"}, {"id": "big", "text": "z" * 6000}]
+    r = client.post("/index/documents", json={"documents": documents})
     assert r.status_code == 413
     assert client.get("/info").json()["index_documents"] == 0
 
@@ -167,7 +168,8 @@ def test_concurrent_requests_share_batches_and_keep_their_rows(live_service):
             return [r.json()["embeddings"][0] for r in rs], after - before
 
     got, forward_passes = asyncio.run(run())
-    expected = np.array(httpx.post(f"{live_service.url}/embed", json={"inputs": texts}, timeout=60).json()["embeddings"])
+    whole = httpx.post(f"{live_service.url}/embed", json={"inputs": texts}, timeout=60)
+    expected = np.array(whole.json()["embeddings"])
     assert np.abs(np.array(got) - expected).max() < 1e-5  # every response got its own row back
     assert forward_passes < len(texts)  # and requests were batched together
 

@@ -89,7 +89,7 @@ class SentenceEncoder(nn.Module):
         pooling: str | None = None,
         max_seq_length: int | None = None,
         attn_implementation: str = "eager",
-    ) -> "SentenceEncoder":
+    ) -> SentenceEncoder:
         """Load a local HF / sentence-transformers directory, or a hub name when online.
 
         Pooling and max length follow the model's own sentence-transformers config when it has one;
