@@ -114,4 +114,5 @@ def test_keywords_pooling_and_max_length(tiny_encoder):
     assert tiny_encoder.pooling == "mean"
     batch = obj.collate(["word " * 50])
     assert batch["features"]["input_ids"].shape == (2, 8)
+    assert tiny_encoder.max_seq_length == 32  # training truncation leaves the served length alone
     assert SimCSE(tiny_encoder, max_length=1000).max_length == tiny_encoder.max_seq_length

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from training.config import make_config
+from training.config import PRESETS, make_config
 from training.objectives import METHODS
 from training.train import train_and_export
 
@@ -20,6 +20,14 @@ SMOKE = {
     "clsr": dict(train_data="stsb:train+dev", train_limit=64, batch_size=16, lr=1e-3, warmup_ratio=0.0,
                  schedule="constant"),
 }
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("method", METHODS)
+def test_presets_keep_the_models_served_length(method, preset):
+    # The papers train on 32-token text (the objectives' max_length); the export must still serve
+    # the model's own length (256 for the default), or the service would cut every long input.
+    assert make_config(method, preset).max_seq_length is None
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -42,6 +50,7 @@ def test_method_trains_and_exports_a_servable_model(method, tiny_model_dir, shar
     assert manifest["method"] == method
     assert manifest["training"]["stsb_dev_spearman"] == pytest.approx(max(r["dev_spearman"] for r in devs), abs=1e-4)
     assert manifest["parity_max_abs_diff"] <= 1e-4
+    assert manifest["max_seq_length"] == 24
 
     from service.app import create_app
     from service.settings import Settings

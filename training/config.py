@@ -23,7 +23,8 @@ class TrainConfig:
     data_dir: Path | None = None  # where named sources (stsb, sick, snli) live
     train_data: str = ""  # a training.data.load_examples source, e.g. "stsb:train", "text:<file>"
     train_limit: int | None = None  # keep the first N training examples
-    max_seq_length: int | None = None  # None: the model's own
+    # The served length (None: the model's own); objectives truncate training text with their max_length.
+    max_seq_length: int | None = None
     epochs: float = 1.0
     max_steps: int | None = None  # stops earlier than `epochs` when set
     batch_size: int = 64  # per device, per step
@@ -53,13 +54,13 @@ CORPUS = "text:corpus/wordnet-sentences.txt"  # the offline stand-in for Wikiped
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
         # Unsupervised objectives start from a mean-pooled model: keep its pooling for inference.
-        "simcse": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+        "simcse": dict(train_data=CORPUS, train_limit=6_400, batch_size=64, lr=3e-5,
                        eval_every=25, objective={"pooling": "mean"}),
-        "conisi": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+        "conisi": dict(train_data=CORPUS, train_limit=6_400, batch_size=64, lr=3e-5,
                        eval_every=25, objective={"pooling": "mean"}),
         # Stage 1 on a CPU: a short, small-batch pass that trains only the auxiliary layers and head
         # (training the already-tuned encoder with a fresh MLM head first lowers its STS score).
-        "infocse": dict(train_data=CORPUS, train_limit=6_400, max_seq_length=32, batch_size=64, lr=3e-5,
+        "infocse": dict(train_data=CORPUS, train_limit=6_400, batch_size=64, lr=3e-5,
                         eval_every=25, objective={"pooling": "mean", "stage1_steps": 60, "stage1_batch_size": 64,
                                                   "stage1_train_encoder": False}),
         # Larger steps than the paper's (2e-5, batch 16): two epochs must fit in minutes on a CPU.
@@ -70,13 +71,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "paper": {
         # SimCSE (Gao et al., 2021): bert-base, wiki1m, 1 epoch, batch 64, lr 3e-5, max length 32.
-        "simcse": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+        "simcse": dict(base_model="bert-base-uncased", train_data=WIKI1M, batch_size=64,
                        lr=3e-5, objective={"pooling": "cls"}),
         # ConIsI Table 3 (BERT-base): batch 64, max length 32, lr 3e-5, λ 0.8, one epoch.
-        "conisi": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+        "conisi": dict(base_model="bert-base-uncased", train_data=WIKI1M, batch_size=64,
                        lr=3e-5, objective={"pooling": "cls"}),
         # InfoCSE §4: stage 2 as SimCSE (lr 3e-5, batch 64, one epoch); stage 1 budget in the objective.
-        "infocse": dict(base_model="bert-base-uncased", train_data=WIKI1M, max_seq_length=32, batch_size=64,
+        "infocse": dict(base_model="bert-base-uncased", train_data=WIKI1M, batch_size=64,
                         lr=3e-5, objective={"pooling": "cls"}),
         # CoSENT §IV: lr 2e-5, weight decay 0.01, 10% warm-up, 4 epochs, batch 16, mean pooling.
         "cosent": dict(base_model="bert-base-uncased", train_data="stsb:train", batch_size=16, lr=2e-5,

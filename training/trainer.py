@@ -219,7 +219,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
                      **{k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.numel() == 1}}
             record(entry)
             bar.update(1)
-            bar.set_postfix(loss=f"{entry['loss']:.4f}", best=f"{best_dev:.2f}")
+            bar.set_postfix(loss=f"{entry['loss']:.3g}", best=f"{best_dev:.2f}")
             if main and (step % cfg.eval_every == 0 or step == total_steps):
                 evaluate()
                 objective.train()
