@@ -54,7 +54,7 @@ class FaissIndex:
         self.path = Path(path) if path else None
         self._lock = threading.RLock()
         self._reset()
-        if self.path and (self.path / "index.faiss").is_file():
+        if self.path and (self.path / self.SNAPSHOT).is_file():
             self._load()
 
     def _reset(self) -> None:
@@ -110,23 +110,33 @@ class FaissIndex:
             del self._docs[int_id]
         return int(self._index.remove_ids(int_ids))
 
-    # Persistence: write to temporary files, then rename, so a crash never leaves a torn index.
+    # Persistence: one snapshot file (FAISS bytes + payloads), written beside and renamed over the old
+    # one, so a crash leaves either the previous or the new state, never an index without its texts.
+    SNAPSHOT = "index.npz"
+
     def _persist(self) -> None:
         if not self.path:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(self._index, str(self.path / "index.faiss.tmp"))
-        docs = {"next_id": self._next_id, "docs": [[k, d.id, d.text, d.metadata] for k, d in self._docs.items()]}
-        (self.path / "docs.json.tmp").write_text(json.dumps(docs))
-        os.replace(self.path / "index.faiss.tmp", self.path / "index.faiss")
-        os.replace(self.path / "docs.json.tmp", self.path / "docs.json")
+        state = {"next_id": self._next_id, "docs": [[k, d.id, d.text, d.metadata] for k, d in self._docs.items()]}
+        tmp = self.path / (self.SNAPSHOT + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, faiss=faiss.serialize_index(self._index),
+                     state=np.frombuffer(json.dumps(state).encode(), dtype=np.uint8))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / self.SNAPSHOT)
 
     def _load(self) -> None:
-        index = faiss.read_index(str(self.path / "index.faiss"))
+        with np.load(self.path / self.SNAPSHOT, allow_pickle=False) as snapshot:
+            index = faiss.deserialize_index(snapshot["faiss"])
+            state = json.loads(snapshot["state"].tobytes())
         if index.d != self.dim:
             raise ValueError(f"index at {self.path} has dimension {index.d}, the model {self.dim}")
-        state = json.loads((self.path / "docs.json").read_text())
+        docs = {k: Document(i, t, m) for k, i, t, m in state["docs"]}
+        if index.ntotal != len(docs):
+            raise ValueError(f"index at {self.path} holds {index.ntotal} vectors for {len(docs)} documents")
         self._index = index
         self._next_id = state["next_id"]
-        self._docs = {k: Document(i, t, m) for k, i, t, m in state["docs"]}
-        self._ids = {d.id: k for k, d in self._docs.items()}
+        self._docs = docs
+        self._ids = {d.id: k for k, d in docs.items()}

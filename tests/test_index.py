@@ -67,3 +67,19 @@ def test_persistence_survives_restart(tmp_path):
     assert {h.id for h in reopened.search(unit([[1, 0]]), 5)[0]} == {"a", "c", "d"}
     with pytest.raises(ValueError, match="dimension"):
         FaissIndex(3, tmp_path / "idx")
+
+
+def test_a_crash_while_saving_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    index = FaissIndex(2, tmp_path / "idx")
+    index.add(docs("a"), unit([[1, 0]]))
+
+    def crash(*_):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr("service.index.os.replace", crash)
+    with pytest.raises(OSError):
+        index.add(docs("b"), unit([[0, 1]]))
+    monkeypatch.undo()
+    assert (tmp_path / "idx" / "index.npz.tmp").is_file()  # the half-done write is beside, not over it
+    reopened = FaissIndex(2, tmp_path / "idx")
+    assert [h.id for h in reopened.search(unit([[0, 1]]), 5)[0]] == ["a"]
