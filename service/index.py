@@ -78,7 +78,7 @@ class FaissIndex:
             for int_id, doc in zip(int_ids.tolist(), documents):
                 self._docs[int_id] = doc
                 self._ids[doc.id] = int_id
-            self._persist()
+            self._commit()
 
     def search(self, queries: np.ndarray, k: int) -> list[list[Hit]]:
         with self._lock:
@@ -94,13 +94,13 @@ class FaissIndex:
     def delete(self, ids: list[str]) -> int:
         with self._lock:
             removed = self._remove([i for i in ids if i in self._ids])
-            self._persist()
+            self._commit()
             return removed
 
     def clear(self) -> None:
         with self._lock:
             self._reset()
-            self._persist()
+            self._commit()
 
     def _remove(self, ids: list[str]) -> int:
         if not ids:
@@ -113,6 +113,16 @@ class FaissIndex:
     # Persistence: one snapshot file (FAISS bytes + payloads), written beside and renamed over the old
     # one, so a crash leaves either the previous or the new state, never an index without its texts.
     SNAPSHOT = "index.npz"
+
+    def _commit(self) -> None:
+        try:
+            self._persist()
+        except Exception:
+            # the caller reports an error: memory must not keep what the disk did not
+            self._reset()
+            if (self.path / self.SNAPSHOT).is_file():
+                self._load()
+            raise
 
     def _persist(self) -> None:
         if not self.path:
