@@ -8,14 +8,19 @@ Three implementations, picked by `load_embedder(url=..., model=...)`:
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-#: the service refuses requests with more texts than this (HTTP 413); /info may announce another limit
+#: the service refuses requests with more texts than this (HTTP 422); /info announces its own limits
 SERVICE_MAX_INPUTS = 256
+SERVICE_MAX_BYTES = 2_000_000
+#: characters kept per text: far beyond any model's max_seq_length tokens, so the embedding is unchanged,
+#: but a book-length document cannot push a request over the service's body limit
+MAX_TEXT_CHARS = 20_000
 
 
 @runtime_checkable
@@ -30,7 +35,7 @@ class ServiceError(RuntimeError):
 
 
 class HttpClient:
-    """The service's REST API: JSON in and out, retried on connection errors and 503 (queue full).
+    """The service's REST API: JSON in and out, retried on connection errors, 429 (busy) and 503.
 
     Other errors fail at once with the status and the service's error body: a 4xx means the request
     itself is wrong (too many texts, a text too long, a bad field) and retrying cannot help.
@@ -59,8 +64,12 @@ class HttpClient:
             else:
                 if r.is_success:
                     return r.json()
-                if r.status_code != 503 or last:
+                if r.status_code not in (429, 503) or last:
                     raise ServiceError(f"{method} {self.url}{path} → HTTP {r.status_code}: {r.text[:500]}")
+                retry_after = r.headers.get("retry-after", "")
+                if retry_after.isdigit():
+                    time.sleep(min(float(retry_after), 30.0))
+                    continue
             time.sleep(min(self.backoff * 2**attempt, 8.0))
         raise AssertionError("unreachable")
 
@@ -84,11 +93,21 @@ class HttpClient:
     @property
     def chunk(self) -> int:
         """Texts per request: as asked, but never more than the service accepts."""
-        return min(self._chunk, self.limits().get("max_inputs_per_request", SERVICE_MAX_INPUTS))
+        return min(self._chunk, self.limits().get("max_client_batch_size", SERVICE_MAX_INPUTS))
 
     def chunks(self, items: list) -> list[list]:
-        n = self.chunk
-        return [items[i : i + n] for i in range(0, len(items), n)]
+        """Consecutive parts of at most `chunk` items whose JSON stays well under the body limit."""
+        budget = int(self.limits().get("max_request_bytes", SERVICE_MAX_BYTES) * 0.8)
+        parts: list[list] = [[]]
+        size = 0
+        for item in items:
+            n = len(json.dumps(item).encode())
+            if parts[-1] and (len(parts[-1]) == self.chunk or size + n > budget):
+                parts.append([])
+                size = 0
+            parts[-1].append(item)
+            size += n
+        return parts if parts[0] else []
 
 
 class ServiceEmbedder:
@@ -103,7 +122,7 @@ class ServiceEmbedder:
         # Requests of similar lengths pad less inside the service's batches; rows go back in order.
         order = np.argsort([-len(t) for t in texts], kind="stable")
         rows: list[list[float]] = []
-        for part in self.client.chunks([texts[i] for i in order]):
+        for part in self.client.chunks([texts[i][:MAX_TEXT_CHARS] for i in order]):
             got = self.client.request("POST", "/embed", {"inputs": part, "normalize": True})["embeddings"]
             if len(got) != len(part):
                 raise ServiceError(f"asked for {len(part)} embeddings, got {len(got)}")
@@ -114,12 +133,12 @@ class ServiceEmbedder:
 
 
 class OnnxEmbedder:
-    """An export directory in process, through the same OnnxEncoder the service runs."""
+    """An export directory in process, through the same backend the service runs."""
 
     def __init__(self, export_dir: str | Path):
-        from service.encoder import OnnxEncoder
+        from service.backends.onnx import OnnxBackend
 
-        self.encoder = OnnxEncoder(export_dir)
+        self.encoder = OnnxBackend(export_dir)
         self.name = self.encoder.manifest.name
 
     def encode(self, texts: list[str]) -> np.ndarray:

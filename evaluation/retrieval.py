@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import beir
-from evaluation.embedders import Embedder, HttpClient, load_embedder
+from evaluation.embedders import MAX_TEXT_CHARS, Embedder, HttpClient, load_embedder
 from evaluation.metrics import Run, evaluate_run, ranked
 from evaluation.sts_data import normalize
 
@@ -80,10 +80,7 @@ def index_corpus(client: HttpClient, data: beir.BeirSet, keep_index: bool = Fals
     """Load the corpus into the service's index, in chunks it accepts."""
     if not keep_index:
         client.request("DELETE", "/index")
-    # Texts beyond the service's character limit are refused: cut them there. The model sees at most
-    # max_seq_length tokens (≤ 512, a few thousand characters), so the embedding does not change.
-    max_chars = client.limits().get("max_input_chars")
-    documents = [{"id": d, "text": beir.BeirSet.document_text(doc)[:max_chars],
+    documents = [{"id": d, "text": beir.BeirSet.document_text(doc)[:MAX_TEXT_CHARS],
                   "metadata": {"title": doc.get("title") or ""}} for d, doc in data.corpus.items()]
     for part in client.chunks(documents):
         client.request("POST", "/index/documents", {"documents": part})
@@ -95,11 +92,10 @@ def search_service(url: str, data: beir.BeirSet, depth: int = 100, keep_index: b
     index_corpus(client, data, keep_index)
     excluded = excluded_documents(data)
     k = depth + max((len(e) for e in excluded.values()), default=0)
-    max_chars = client.limits().get("max_input_chars")
     query_ids = list(data.queries)
     run: Run = {}
     for part in client.chunks(query_ids):
-        results = client.request("POST", "/search", {"query": [data.queries[q][:max_chars] for q in part], "k": k})
+        results = client.request("POST", "/search", {"query": [data.queries[q][:MAX_TEXT_CHARS] for q in part], "k": k})
         for qid, hits in zip(part, results["results"], strict=True):
             run[qid] = {h["id"]: h["score"] for h in hits}
     return _finish(run, excluded, depth)

@@ -31,6 +31,8 @@ class Manifest(BaseModel):
     onnx_sha256: str
     created_at: str
     parity_max_abs_diff: float | None = None
+    batch_invariant: bool = Field(False, description="pooling gives the same bits for a batch of one row as "
+                                  "for a larger batch (exports before this field sum differently)")
     training: dict[str, Any] | None = None
 
     @classmethod

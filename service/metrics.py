@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class Metrics:
@@ -15,19 +16,35 @@ class Metrics:
         self.request_seconds = Histogram(
             "sembed_request_duration_seconds", "HTTP request latency", ["route"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.rejected = Counter("sembed_rejected_requests", "requests refused for want of a permit (429)", registry=r)
         self.texts = Counter("sembed_embedded_texts", "texts embedded", registry=r)
         self.tokens = Counter("sembed_embedded_tokens", "non-padding tokens embedded", registry=r)
+        self.input_tokens = Histogram("sembed_input_length_tokens", "tokens per input, after truncation",
+                                      buckets=_TOKEN_BUCKETS, registry=r)
+        self.tokenization_seconds = Histogram("sembed_tokenization_duration_seconds", "tokenisation per request",
+                                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("sembed_queue_duration_seconds", "wait before a request's first pass",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram(
-            "sembed_batch_size", "texts per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+            "sembed_batch_size", "rows per forward pass", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
         )
+        self.batch_tokens = Histogram("sembed_batch_tokens", "tokens per forward pass, padding included",
+                                      buckets=_TOKEN_BUCKETS, registry=r)
         self.inference_seconds = Histogram(
             "sembed_inference_duration_seconds", "forward pass latency", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.queue_texts = Gauge("sembed_queue_texts", "texts waiting for a forward pass", registry=r)
+        self.queue_rows = Gauge("sembed_queue_size", "inputs waiting for a forward pass", registry=r)
         self.index_documents = Gauge("sembed_index_documents", "documents in the search index", registry=r)
 
-    def observe_batch(self, size: int, tokens: int, seconds: float) -> None:
-        self.batch_size.observe(size)
-        self.texts.inc(size)
+    def observe_request(self, tokenization_s: float, queue_s: float, lengths: list[int]) -> None:
+        self.tokenization_seconds.observe(tokenization_s)
+        self.queue_seconds.observe(queue_s)
+        for n in lengths:
+            self.input_tokens.observe(n)
+
+    def observe_pass(self, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None:
+        self.batch_size.observe(rows)
+        self.batch_tokens.observe(padded_tokens)
+        self.texts.inc(rows)
         self.tokens.inc(tokens)
         self.inference_seconds.observe(seconds)

@@ -1,8 +1,8 @@
-"""Request and response bodies. Limits that depend on settings are checked in the routes."""
+"""Request and response bodies of the native routes. Limits that depend on settings are checked in the routes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,6 +19,8 @@ class EmbedRequest(_Request):
     inputs: str | list[str] = Field(description="one text or a list of texts",
                                      examples=[["A man is playing a guitar."]])
     normalize: bool = Field(True, description="L2-normalise the embeddings")
+    truncate: bool | None = Field(None, description="cut inputs over the model's max_seq_length tokens; "
+                                  "false: such inputs get 422; unset: the server's auto_truncate")
 
     @field_validator("inputs")
     @classmethod
@@ -112,3 +114,39 @@ class SearchResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     detail: Any = None
+
+
+# --- OpenAI embeddings API (/v1/) --------------------------------------------------------------------
+class OpenAIEmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())  # clients send `user` and more
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(examples=["A man is playing a guitar."])
+    model: str | None = Field(None, description="one of GET /v1/models; unset: the default model")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions, then renormalise")
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be an empty list")
+        return v
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage

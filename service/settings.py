@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.engine import EngineConfig
 
 
 class Settings(BaseSettings):
@@ -13,20 +16,68 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SEMBED_", env_file=".env", extra="ignore",
                                       protected_namespaces=())
 
+    # --- what to serve ----------------------------------------------------------------------------
     model_dir: Path = Field(Path("models/all-MiniLM-L6-v2"), description="export directory to serve")
+    models: str | None = Field(None, description="several exports: 'name=dir,name2=dir2'; the first is the "
+                               "default, the OpenAI `model` field picks one; replaces model_dir")
+    backend: Literal["onnx", "fake"] = Field("onnx", description="fake: a model-free backend for tests")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
+    # 16 floats is the widest vector (AVX-512) the CPU kernels use: with padded lengths a multiple of
+    # it, a text's vector is the same bits whatever batch it shares (see backends/onnx.py).
+    pad_to_multiple_of: int = Field(16, ge=1)
+
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
 
-    # Request limits: refuse what would hold the batcher hostage instead of timing out later.
-    max_inputs_per_request: int = Field(256, ge=1)
-    max_input_chars: int = Field(20_000, ge=1, description="longer texts are refused (tokens beyond "
-                                 "max_seq_length are truncated anyway)")
+    # --- request limits -------------------------------------------------------------------------
+    max_client_batch_size: int = Field(256, ge=1, description="inputs per request (more: 422)")
+    max_request_bytes: int = Field(2_000_000, ge=1024, description="request body size (more: 413); TEI's 2 MB")
+    body_timeout_s: float = Field(30.0, gt=0, description="a body not fully received by then gets 408")
+    auto_truncate: bool = Field(True, description="truncate inputs over max_seq_length tokens unless a "
+                                "request says truncate=false (then they get 422)")
     max_search_k: int = Field(1000, ge=1)
 
-    # Dynamic batching: texts from concurrent requests share one forward pass.
-    max_batch_size: int = Field(64, ge=1, description="texts per forward pass")
-    batch_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits to fill")
-    max_queue_texts: int = Field(8192, ge=1, description="queued texts beyond this get 503")
+    # --- the engine -------------------------------------------------------------------------------
+    max_batch_tokens: int = Field(16384, ge=16, description="tokens per forward pass, padding included")
+    max_batch_requests: int = Field(64, ge=1, description="inputs per forward pass")
+    max_concurrent_requests: int = Field(512, ge=1, description="inputs in flight; beyond it 429")
+    max_batch_wait_ms: float = Field(2.0, ge=0, description="how long a pass waits for requests still "
+                                     "being tokenised")
+    request_timeout_s: float = Field(60.0, gt=0, description="inputs queued longer than this are dropped (503)")
+    tokenization_workers: int = Field(0, ge=0, description="0 = one per core, at most 4")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
 
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads; 0 = one per core")
     index_path: Path | None = Field(None, description="persist the search index here (loaded at start)")
+
+    @field_validator("models")
+    @classmethod
+    def _pairs(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_models(v)
+        return v
+
+    def model_dirs(self) -> list[tuple[str | None, Path]]:
+        """(name, export dir) pairs; a None name means 'the manifest's own name'."""
+        if self.models:
+            return [(name, Path(d)) for name, d in parse_models(self.models)]
+        return [(None, self.model_dir)]
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_batch_tokens=self.max_batch_tokens, max_batch_requests=self.max_batch_requests,
+                            max_concurrent_requests=self.max_concurrent_requests,
+                            max_batch_wait_ms=self.max_batch_wait_ms, request_timeout_s=self.request_timeout_s,
+                            tokenization_workers=self.tokenization_workers, auto_truncate=self.auto_truncate)
+
+
+def parse_models(spec: str) -> list[tuple[str, str]]:
+    pairs = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, sep, path = part.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"models entry {part!r} is not name=dir")
+        pairs.append((name.strip(), path.strip()))
+    names = [n for n, _ in pairs]
+    if not pairs or len(set(names)) != len(names):
+        raise ValueError(f"models must name each export once: {spec!r}")
+    return pairs

@@ -108,6 +108,6 @@ def live_service(default_export, tmp_path_factory):
     """A running service on the default export: base URL in `.url`."""
     from service.settings import Settings
 
-    settings = Settings(model_dir=default_export, max_inputs_per_request=256, max_input_chars=5000)
+    settings = Settings(model_dir=default_export)
     with LiveServer(settings) as server:
         yield server

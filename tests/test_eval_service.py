@@ -33,7 +33,7 @@ def test_sts_over_rest_agrees_with_in_process(live_service, in_process):
 
 
 def test_embedding_requests_are_chunked_to_the_service_limit(live_service, in_process):
-    limit = live_service.app.state.settings.max_inputs_per_request
+    limit = live_service.app.state.settings.max_client_batch_size
     texts = [f"sentence number {i}" for i in range(limit + 9)]
     embedder = ServiceEmbedder(live_service.url, chunk=10_000)  # asks for more than the service takes
     assert embedder.client.chunk == limit
@@ -88,8 +88,8 @@ def test_ecosystem_adapters_call_the_service(live_service, in_process):
 def test_service_errors_are_reported(live_service):
     with pytest.raises(ServiceError, match="HTTP 422"):
         HttpClient(live_service.url).request("POST", "/embed", {"inputs": []})
-    too_long = "x" * (live_service.app.state.settings.max_input_chars + 1)
+    too_big = {"inputs": ["x" * (live_service.app.state.settings.max_request_bytes + 1)]}
     with pytest.raises(ServiceError, match="HTTP 413"):
-        ServiceEmbedder(live_service.url).encode([too_long])
+        HttpClient(live_service.url).request("POST", "/embed", too_big)
     with pytest.raises(ServiceError, match="cannot reach"):
         HttpClient("http://127.0.0.1:9", retries=1, backoff=0.01).request("GET", "/info")

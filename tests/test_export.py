@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from service.encoder import OnnxEncoder
+from service.backends.onnx import IntegrityError, OnnxBackend
 from service.manifest import Manifest, sha256_file
 from training.default_model import ChecksumError, verify_weights
 from training.encoder import SentenceEncoder
@@ -19,10 +19,10 @@ MIXED = ["short", "a bit longer sentence here", "x " * 400, "", "Ünïcödé and
 
 def test_default_export_matches_torch_on_padded_batches(default_export, default_model_dir):
     torch_model = SentenceEncoder.from_pretrained(default_model_dir)
-    onnx_model = OnnxEncoder(default_export)
+    onnx_model = OnnxBackend(default_export)
     expected = torch_model.encode(MIXED, batch_size=len(MIXED))
     # One padded batch (embed) and length-sorted sub-batches (encode) must both match torch.
-    assert np.abs(onnx_model.embed(MIXED).normalized - expected).max() <= 1e-4
+    assert np.abs(onnx_model.encode(MIXED, batch_size=len(MIXED)) - expected).max() <= 1e-4
     assert np.abs(onnx_model.encode(MIXED, batch_size=2) - expected).max() <= 1e-4
     raw = onnx_model.encode(MIXED, normalize=False)
     assert np.abs(raw - torch_model.encode(MIXED, normalize=False)).max() <= 1e-4
@@ -34,7 +34,7 @@ def test_default_export_matches_sentence_transformers(default_export, default_mo
 
     reference = SentenceTransformer(str(default_model_dir), device="cpu")
     expected = reference.encode(MIXED, normalize_embeddings=True)
-    assert np.abs(OnnxEncoder(default_export).encode(MIXED) - expected).max() <= 1e-4
+    assert np.abs(OnnxBackend(default_export).encode(MIXED) - expected).max() <= 1e-4
 
 
 def test_graph_has_dynamic_axes_and_token_type_ids(default_export):
@@ -57,7 +57,7 @@ def test_manifest_describes_the_export(default_export):
 
 
 def test_truncation_follows_the_model_max_length(default_export):
-    encoder = OnnxEncoder(default_export)
+    encoder = OnnxBackend(default_export)
     long = " ".join(["word"] * 1000)
     assert len(encoder.tokenizer.encode(long).ids) == 256
     # Everything past 256 tokens is cut, so a longer tail changes nothing.
@@ -71,7 +71,7 @@ def test_each_pooling_exports_with_parity(tiny_model_dir, tmp_path, pooling):
     manifest = export_onnx(encoder, tmp_path / pooling)
     assert manifest.pooling == pooling
     expected = encoder.encode(MIXED)
-    assert np.abs(OnnxEncoder(tmp_path / pooling).encode(MIXED) - expected).max() <= 1e-4
+    assert np.abs(OnnxBackend(tmp_path / pooling).encode(MIXED) - expected).max() <= 1e-4
 
 
 def test_poolings_differ(tiny_model_dir):
@@ -88,7 +88,7 @@ def test_head_is_part_of_the_graph(tiny_model_dir, tmp_path):
     encoder.head.out_features = 16
     manifest = export_onnx(encoder, tmp_path / "with-head")
     assert manifest.dimension == 16
-    got = OnnxEncoder(tmp_path / "with-head").encode(PARITY_SENTENCES)
+    got = OnnxBackend(tmp_path / "with-head").encode(PARITY_SENTENCES)
     assert got.shape == (len(PARITY_SENTENCES), 16)
     assert np.abs(got - encoder.encode(PARITY_SENTENCES)).max() <= 1e-4
 
@@ -109,13 +109,11 @@ def test_parity_check_detects_a_different_graph(tiny_model_dir, tmp_path):
 
 
 def test_tampered_graph_is_refused(tiny_model_dir, tmp_path):
-    from service.encoder import IntegrityError
-
     export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e")
     with open(tmp_path / "e" / "model.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(IntegrityError):
-        OnnxEncoder(tmp_path / "e")
+        OnnxBackend(tmp_path / "e")
 
 
 def test_default_weights_checksum(default_model_dir, tmp_path):

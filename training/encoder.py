@@ -56,8 +56,11 @@ def pool(
         token_embeddings = (hidden_states[1] + hidden_states[-1]) / 2.0
     elif pooling != "mean":
         raise ValueError(f"unknown pooling {pooling!r}; choose from {POOLINGS}")
-    mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
-    return (token_embeddings * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    # A batched matmul, not sum(1): onnxruntime's ReduceSum adds in another order when the batch has
+    # one row, so a text served alone would differ in the last bits from the same text in a batch.
+    mask = attention_mask.to(token_embeddings.dtype)
+    summed = torch.bmm(mask.unsqueeze(1), token_embeddings).squeeze(1)
+    return summed / mask.sum(1, keepdim=True).clamp(min=1e-9)
 
 
 class SentenceEncoder(nn.Module):

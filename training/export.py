@@ -143,6 +143,7 @@ def export_onnx(
             onnx_sha256=sha256_file(graph_path),
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             parity_max_abs_diff=diff,
+            batch_invariant=True,
             training=training,
         )
         manifest.save(staging)

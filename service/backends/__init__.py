@@ -1,0 +1,23 @@
+"""Model runtimes behind one interface, chosen once by `create_backend`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.backends.base import Backend, BackendError, BackendInfo, Tokenized, padded_length
+
+__all__ = ["Backend", "BackendError", "BackendInfo", "Tokenized", "create_backend", "padded_length"]
+
+
+def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
+                   pad_to_multiple_of: int = 16) -> Backend:
+    if kind == "onnx":
+        from service.backends.onnx import OnnxBackend
+
+        return OnnxBackend(export_dir, device=device, intra_op_threads=intra_op_threads,
+                           pad_to_multiple_of=pad_to_multiple_of)
+    if kind == "fake":
+        from service.backends.fake import FakeBackend
+
+        return FakeBackend(name=Path(export_dir).name or "fake", pad_to_multiple_of=pad_to_multiple_of)
+    raise ValueError(f"unknown backend {kind!r}: onnx or fake")

@@ -1,0 +1,66 @@
+"""A model-free backend for tests of the queue, the engine and the routes (Infinity's dummy model).
+
+Words are tokens. A row's vector depends only on its own token ids, never on the batch, so a test
+can tell exactly which rows went where. The word FAIL makes any batch holding it raise, as a real
+runtime does on an input it cannot handle; `gate` holds passes back so a test can fill the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+import numpy as np
+
+from service.backends.base import BackendError, BackendInfo, Tokenized
+
+CLS, SEP, FAIL = 101, 102, 999
+
+
+class FakeBackend:
+    def __init__(self, name: str = "fake", dimension: int = 8, max_seq_length: int = 32,
+                 pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0):
+        self.info = BackendInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
+                                manifest={"name": name, "dimension": dimension, "max_seq_length": max_seq_length})
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.seconds_per_token = seconds_per_token
+        self.gate = threading.Event()
+        self.gate.set()
+        self.passes: list[list[int]] = []  # the unpadded lengths of each forward pass's rows
+        self.padded_tokens: list[int] = []  # rows × seq_len of each pass
+        self.healthy = True
+
+    def tokenize(self, texts: list[str]) -> list[Tokenized]:
+        out = []
+        for text in texts:
+            words = [FAIL if w == "FAIL" else 1000 + zlib.crc32(w.encode()) % 30000 for w in text.split()]
+            ids = [CLS, *words, SEP]
+            out.append(Tokenized(ids[: self.info.max_seq_length - 1] + [SEP] if len(ids) > self.info.max_seq_length
+                                 else ids, None, len(ids)))
+        return out
+
+    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        self.gate.wait()
+        assert all(i.length <= seq_len for i in items), "a row longer than its batch"
+        self.passes.append([i.length for i in items])
+        self.padded_tokens.append(len(items) * seq_len)
+        if self.seconds_per_token:
+            time.sleep(self.seconds_per_token * len(items) * seq_len)
+        if any(FAIL in i.ids for i in items):
+            raise BackendError("fake backend: the batch holds FAIL")
+        raw = np.stack([self._vector(i.ids) for i in items])
+        return raw / np.linalg.norm(raw, axis=1, keepdims=True), raw
+
+    def _vector(self, ids: list[int]) -> np.ndarray:
+        rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
+        return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
+
+    def warmup(self) -> None:
+        self.run(self.tokenize(["warm up"]), self.pad_to_multiple_of)
+        self.passes.clear()
+        self.padded_tokens.clear()
+
+    def health(self) -> None:
+        if not self.healthy:
+            raise BackendError("fake backend marked unhealthy")

@@ -1,0 +1,134 @@
+"""onnxruntime + tokenizers over an export directory: the production backend (no torch)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from service.backends.base import BackendError, BackendInfo, Tokenized, pad_batch, padded_length
+from service.manifest import GRAPH_FILE, Manifest, sha256_file
+
+log = logging.getLogger("sembed.backend")
+
+OUTPUTS = ["embedding", "embedding_raw"]
+
+
+class IntegrityError(RuntimeError):
+    pass
+
+
+class OnnxBackend:
+    """Runs model.onnx on padded batches; the graph itself pools, applies any head and normalises.
+
+    Bit-for-bit batching: onnxruntime's CPU kernels vectorise over the sequence (softmax, the
+    pooling sum), so a text's vector depends on how far its batch is padded unless the padded
+    length is a multiple of the vector width (16 floats covers AVX-512). Exports from before
+    `batch_invariant` also sum differently for a batch of one row, so those get a padding row.
+    """
+
+    def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
+                 pad_to_multiple_of: int = 16, verify: bool = True):
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        export_dir = Path(export_dir)
+        self.manifest = Manifest.load(export_dir)
+        graph = export_dir / GRAPH_FILE
+        if verify:
+            digest = sha256_file(graph)
+            if digest != self.manifest.onnx_sha256:
+                raise IntegrityError(f"{graph} sha256 {digest} does not match manifest {self.manifest.onnx_sha256}")
+
+        max_len = self.manifest.max_seq_length
+        self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()  # the queue pads, to the length the whole batch needs
+        self.tokenizer.enable_truncation(max_length=max_len)
+        self.pad_id = self.manifest.pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self._needs_type_ids = "token_type_ids" in self.manifest.inputs
+        self._extra_row = not self.manifest.batch_invariant
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads:
+            options.intra_op_num_threads = intra_op_threads
+        # Idle intra-op threads would otherwise spin for the CPU the event loop needs between passes.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # The arena would keep the peak of the largest batch ever seen for the life of the process.
+        options.enable_cpu_mem_arena = False
+        available = ort.get_available_providers()
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in available:
+                raise RuntimeError(f"device=cuda but onnxruntime offers only {available}: "
+                                   "install the gpu extra (onnxruntime-gpu) on a machine with CUDA")
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        elif device == "cpu":
+            providers = ["CPUExecutionProvider"]
+        else:
+            raise ValueError(f"unknown device {device!r}: cpu or cuda")
+        self.device = device
+        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
+                                max_seq_length=max_len, device=device,
+                                manifest=self.manifest.model_dump(mode="json"))
+
+    # --- the Backend interface --------------------------------------------------------------
+    def tokenize(self, texts: list[str]) -> list[Tokenized]:
+        out = []
+        for enc in self.tokenizer.encode_batch(texts):
+            original = len(enc.ids)
+            if enc.overflowing:  # every overflow piece repeats the special tokens: count the text's own
+                original += sum(len(o.ids) - sum(o.special_tokens_mask) for o in enc.overflowing)
+            out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
+        return out
+
+    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = len(items) + 1 if (self._extra_row and len(items) == 1) else len(items)
+        feeds = pad_batch(items, seq_len, self.pad_id, rows)
+        if not self._needs_type_ids:
+            del feeds["token_type_ids"]
+        try:
+            if self.device == "cuda":
+                normalized, raw = self._run_cuda(feeds)
+            else:
+                normalized, raw = self.session.run(OUTPUTS, feeds)
+        except Exception as e:  # onnxruntime raises its own types; the engine needs one
+            raise BackendError(f"onnxruntime failed on a batch of {len(items)}×{seq_len}: {e}") from e
+        return normalized[: len(items)], raw[: len(items)]
+
+    def _run_cuda(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        # IO binding: inputs copied to the device once, outputs allocated there, no per-op host copies.
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        for name in OUTPUTS:
+            binding.bind_output(name, "cuda")
+        self.session.run_with_iobinding(binding)
+        return [v.numpy() for v in binding.get_outputs()]
+
+    def warmup(self) -> None:
+        """The first runs allocate and pick kernels: keep them off the first requests."""
+        for n, length in ((1, 16), (8, 64)):
+            items = self.tokenize(["warm-up " * length] * n)
+            self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
+
+    def health(self) -> None:
+        normalized, _ = self.run(self.tokenize(["health check"]), self.pad_to_multiple_of)
+        if not np.isfinite(normalized).all():
+            raise BackendError("the health-check forward pass produced non-finite values")
+
+    # --- in-process use (evaluation, tests): any number of texts --------------------------------
+    def encode(self, texts: list[str], normalize: bool = True, batch_size: int = 64) -> np.ndarray:
+        """Embed texts in length-sorted batches, rows in input order."""
+        out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
+        items = self.tokenize(list(texts))
+        order = np.argsort([-i.length for i in items], kind="stable")
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            chunk = [items[i] for i in idx]
+            seq_len = padded_length(max(i.length for i in chunk), self.pad_to_multiple_of)
+            normalized, raw = self.run(chunk, seq_len)
+            out[idx] = normalized if normalize else raw
+        return out

@@ -1,0 +1,218 @@
+"""The engine: everything between a validated request and a vector, with no HTTP in it.
+
+Per request (TEI's `core/src/infer.rs`): take one permit per input or refuse at once (the caller
+answers 429); tokenise in a worker pool, so the next request's tokenisation overlaps this pass's
+inference (Infinity's batch handler); queue the tokenised rows; wait for the inference thread to
+fill them. The answer carries the vectors, the token count and where the time went.
+
+One inference thread runs the passes: onnxruntime already spreads one pass over every core, so
+two passes at once would only contend. A pass that fails is retried row by row, so a bad input
+fails its own request and no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.backends import Backend, BackendInfo, Tokenized, padded_length
+from service.metrics import Metrics
+from service.queue import Batch, BatchQueue, DeadlineExceeded, Job
+
+log = logging.getLogger("sembed.engine")
+
+
+class EngineError(Exception):
+    """A request the engine will not or cannot serve; the routers map each kind to a status."""
+
+
+class Overloaded(EngineError):
+    pass
+
+
+class InvalidInput(EngineError):
+    pass
+
+
+class InputTooLong(InvalidInput):
+    pass
+
+
+class NotReady(EngineError):
+    pass
+
+
+class InferenceFailed(EngineError):
+    pass
+
+
+class QueueDeadline(EngineError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch_tokens: int = 16384  # TEI's default; counted with padding
+    max_batch_requests: int = 64  # rows per forward pass
+    max_concurrent_requests: int = 512  # permits, one per input: bounds what is queued and held
+    max_batch_wait_ms: float = 2.0  # only while other requests are still being tokenised
+    request_timeout_s: float = 60.0  # a row still queued after this is dropped, its request failed
+    tokenization_workers: int = 0  # 0: one per core
+    auto_truncate: bool = True  # default for requests that do not say `truncate`
+
+
+@dataclass
+class EmbedResult:
+    vectors: np.ndarray  # [n, dim] float32, normalised or as pooled
+    prompt_tokens: int
+    tokenization_s: float
+    queue_s: float
+    inference_s: float
+
+
+class Engine:
+    def __init__(self, backend: Backend, config: EngineConfig = EngineConfig(), metrics: Metrics | None = None):
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.pad_to_multiple_of = getattr(backend, "pad_to_multiple_of", 1)
+        self.queue = BatchQueue(config.max_batch_tokens, config.max_batch_requests, self.pad_to_multiple_of,
+                                config.max_batch_wait_ms / 1000, backend.info.max_seq_length)
+        workers = config.tokenization_workers or min(4, os.cpu_count() or 1)
+        self._tokenizers = ThreadPoolExecutor(workers, thread_name_prefix="tokenize")
+        self._permits = config.max_concurrent_requests
+        self._thread: threading.Thread | None = None
+        self._accepting = False
+
+    @property
+    def info(self) -> BackendInfo:
+        return self.backend.info
+
+    @property
+    def ready(self) -> bool:
+        return self._accepting and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int:
+        return self.config.max_concurrent_requests - self._permits
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._inference_loop, name=f"infer-{self.info.model}", daemon=True)
+        self._thread.start()
+        self._accepting = True
+
+    def stop(self) -> None:
+        """Refuse new requests, let queued ones finish, then end the threads."""
+        self._accepting = False
+        self.queue.close()
+        if self._thread is not None:
+            self._thread.join()
+        self._tokenizers.shutdown(wait=True)
+
+    # --- the request path (event loop) ------------------------------------------------------------
+    async def embed(self, texts: list[str], *, normalize: bool = True, truncate: bool | None = None,
+                    timeout_s: float | None = None) -> EmbedResult:
+        if not self.ready:
+            raise NotReady(f"model {self.info.model} is not ready")
+        n = len(texts)
+        if n > self._permits:
+            self.metrics.rejected.inc()
+            raise Overloaded(f"{self.in_flight} inputs in flight, room for {self._permits} more; "
+                             f"this request has {n}: retry shortly")
+        self._permits -= n
+        self.queue.expect()
+        queued = False
+        try:
+            loop = asyncio.get_running_loop()
+            truncate = self.config.auto_truncate if truncate is None else truncate
+            start = time.perf_counter()
+            try:
+                items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate)
+            finally:
+                tokenization_s = time.perf_counter() - start
+            future = loop.create_future()
+            deadline = time.monotonic() + (timeout_s or self.config.request_timeout_s)
+            job = Job(items, self.info.dimension, deadline,
+                      on_done=lambda j: loop.call_soon_threadsafe(_resolve, future, j))
+            self.queue.put(job)
+            queued = True
+            try:
+                await future
+            except asyncio.CancelledError:
+                job.cancelled = True  # the caller left: its rows not yet run are dropped
+                raise
+            if job.error is not None:
+                raise job.error
+            self.metrics.observe_request(tokenization_s, job.scheduled_at - job.enqueued_at, [i.length for i in items])
+            return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, tokenization_s,
+                               job.scheduled_at - job.enqueued_at, job.inference_s)
+        finally:
+            if not queued:
+                self.queue.unexpect()
+            self._permits += n
+
+    def _tokenize(self, texts: list[str], truncate: bool) -> list[Tokenized]:
+        """In a pool thread. Every input is checked here, before it can share a pass with others."""
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInput(f"inputs[{i}] is not valid Unicode: {e.reason} at character {e.start}") from None
+        items = self.backend.tokenize(texts)
+        if not truncate:
+            limit = self.info.max_seq_length
+            for i, item in enumerate(items):
+                if item.truncated:
+                    raise InputTooLong(f"inputs[{i}] has {item.original_tokens} tokens; the model takes at most "
+                                       f"{limit}: shorten it, or send truncate=true to cut it to {limit}")
+        return items
+
+    # --- the inference thread ---------------------------------------------------------------------
+    def _inference_loop(self) -> None:
+        while (batch := self.queue.next_batch()) is not None:
+            self.metrics.queue_rows.set(self.queue.queued_rows())
+            try:
+                self._run(batch)
+            except BaseException as e:  # never lose the thread: fail what it held and go on
+                log.exception("inference pass failed unexpectedly")
+                for job, _ in batch.rows:
+                    job.fail(InferenceFailed(f"internal error in the inference thread: {type(e).__name__}"))
+
+    def _run(self, batch: Batch) -> None:
+        rows = [(job, row) for job, row in batch.rows if not (job.cancelled or job.finished)]
+        if not rows:
+            return
+        items = [job.items[row] for job, row in rows]
+        seq_len = padded_length(max(i.length for i in items), self.pad_to_multiple_of)
+        start = time.perf_counter()
+        try:
+            normalized, raw = self.backend.run(items, seq_len)
+        except Exception as e:
+            if len(rows) > 1:  # find the culprit: each row alone gives the same bits as in the batch
+                for row in rows:
+                    self._run(Batch([row], 0))
+            else:
+                log.warning("input failed in the model: %s", e)
+                rows[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
+            return
+        seconds = time.perf_counter() - start
+        self.metrics.observe_pass(len(rows), sum(i.length for i in items), len(rows) * seq_len, seconds)
+        for job in {job for job, _ in rows}:
+            job.inference_s += seconds
+        for k, (job, row) in enumerate(rows):
+            job.fill(row, normalized[k], raw[k])
+
+
+def _resolve(future: asyncio.Future, job: Job) -> None:
+    if future.done():  # cancelled: the caller already left
+        return
+    if isinstance(job.error, DeadlineExceeded):
+        job.error = QueueDeadline(str(job.error))
+    future.set_result(None)

@@ -1,0 +1,82 @@
+"""Errors as HTTP answers: one status per kind of failure, one body shape per API family.
+
+Native (TEI-compatible) routes answer `{"error": msg, "error_type": kind}` as TEI does; the OpenAI
+routes under /v1/ answer `{"error": {"message", "type", "param", "code"}}` as OpenAI's clients
+expect. Server-side failures carry the request id, so a user's report can be found in the logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import engine
+from service.queue import DeadlineExceeded
+from service.registry import ModelNotFound
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    error_type: str  # TEI's kinds: Validation, Overloaded, Unhealthy, Backend, Tokenizer; and NotFound, ...
+    param: str | None = None
+    detail: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# status, TEI error_type, OpenAI error type
+_ENGINE_ERRORS: list[tuple[type[Exception], int, str]] = [
+    (ModelNotFound, 404, "NotFound"),
+    (engine.InputTooLong, 422, "Validation"),
+    (engine.InvalidInput, 422, "Validation"),
+    (engine.Overloaded, 429, "Overloaded"),
+    (engine.NotReady, 503, "Unhealthy"),
+    (engine.QueueDeadline, 503, "Overloaded"),
+    (DeadlineExceeded, 503, "Overloaded"),
+    (engine.InferenceFailed, 424, "Backend"),
+]
+_OPENAI_TYPES = {"Overloaded": "rate_limit_error", "Unhealthy": "server_error", "Backend": "server_error",
+                 "Internal": "server_error"}  # the rest: invalid_request_error
+
+_OPENAI_CODES = {"NotFound": "model_not_found", "Overloaded": "rate_limit_exceeded", "Validation": "invalid_request"}
+
+
+def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    for kind, status, error_type in _ENGINE_ERRORS:
+        if isinstance(exc, kind):
+            headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else {}
+            return ApiError(status, str(exc), error_type, headers=headers)
+    if isinstance(exc, RequestValidationError):
+        detail = [{k: e[k] for k in ("loc", "msg", "type")} for e in exc.errors()]
+        first = detail[0] if detail else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return ApiError(422, f"invalid request: {where}: {first['msg']}", "Validation", param=where,
+                        detail=jsonable_encoder(detail))
+    if isinstance(exc, StarletteHTTPException):
+        kind = {404: "NotFound", 405: "NotFound"}.get(exc.status_code, "Validation")
+        return ApiError(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+    return ApiError(500, f"internal error ({type(exc).__name__})", "Internal")
+
+
+def error_body(path: str, error: ApiError, request_id: str | None) -> dict[str, Any]:
+    """The body for `error` in the shape of the API family that `path` belongs to."""
+    server_side = error.status >= 500 or error.status == 424
+    if path.startswith("/v1/"):
+        body = {"message": error.message, "type": _OPENAI_TYPES.get(error.error_type, "invalid_request_error"),
+                "param": error.param, "code": _OPENAI_CODES.get(error.error_type, error.error_type.lower())}
+        if server_side:
+            body["request_id"] = request_id
+        return {"error": body}
+    body: dict[str, Any] = {"error": error.message, "error_type": error.error_type}
+    if error.detail is not None:
+        body["detail"] = error.detail
+    if server_side:
+        body["request_id"] = request_id
+    return body

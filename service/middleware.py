@@ -1,0 +1,173 @@
+"""The guard in front of every route (plain ASGI: a BaseHTTPMiddleware would cost a task per request).
+
+- a request id (a client's `X-Request-ID` if sane, else a new one), returned in the response;
+- bodies are JSON, labelled so: a form or text/plain label is what a web page can send to a
+  service on the user's machine without a CORS preflight, so it gets 415 (curl users: `--json`);
+- the body is read here under a byte limit (413 before anything is parsed) and a deadline (408
+  for a client that never finishes sending);
+- a client that disconnects cancels its request, which drops its rows from the queue;
+- every request is counted by route and status (499: the client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+
+import orjson
+from starlette.routing import Match
+
+from service.errors import ApiError, error_body
+from service.metrics import Metrics
+
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+_JSON = re.compile(rb"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+CLIENT_CLOSED = 499
+
+
+class RequestGuard:
+    def __init__(self, app, *, metrics: Metrics, router, max_body_bytes: int, body_timeout_s: float):
+        self.app = app
+        self.metrics = metrics
+        self.router = router
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = CLIENT_CLOSED
+
+        async def send_with_id(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            body = b""
+            if scope["method"] in _BODY_METHODS:
+                problem = self._check_headers(headers)
+                if problem is None:
+                    body, problem = await self._read_body(receive, headers)
+                if problem is not None:
+                    if problem.status:  # 0: the client left while sending
+                        await self._reply(scope, send_with_id, problem, request_id)
+                    return
+            await self._run_app(scope, receive, send_with_id, body)
+        finally:
+            route = self._route_path(scope)
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+    def _check_headers(self, headers: dict[bytes, bytes]) -> ApiError | None:
+        length = headers.get(b"content-length")
+        has_body = b"transfer-encoding" in headers or (length is not None and length.strip() != b"0")
+        if not has_body:
+            return None
+        ctype = headers.get(b"content-type")
+        if ctype is None or not _JSON.match(ctype.strip()):
+            label = ctype.decode("latin-1") if ctype else "none"
+            return ApiError(415, f"request bodies must be JSON with Content-Type: application/json (got {label}); "
+                                 "with curl use --json '{...}' or -H 'Content-Type: application/json'", "Validation")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                return ApiError(400, "Content-Length is not a number", "Validation")
+            if size > self.max_body_bytes:
+                return self._too_large(size)
+        return None
+
+    def _too_large(self, size: int | None) -> ApiError:
+        got = f"{size} bytes" if size is not None else "more"
+        return ApiError(413, f"request body of {got} is over the limit of {self.max_body_bytes} bytes: "
+                             "split the request", "Validation")
+
+    async def _read_body(self, receive, headers) -> tuple[bytes, ApiError | None]:
+        chunks, size = [], 0
+        deadline = time.monotonic() + self.body_timeout_s
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                return b"", ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                                     "Validation", headers={"Connection": "close"})
+            if message["type"] == "http.disconnect":
+                return b"", ApiError(0, "client left", "Validation")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return b"", self._too_large(None)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
+
+    async def _run_app(self, scope, receive, send, body: bytes) -> None:
+        """Run the route, cancelling it if the client disconnects before the answer is sent."""
+        left = asyncio.Event()
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        task = asyncio.ensure_future(self.app(scope, replay, send))
+        watcher = asyncio.ensure_future(receive())
+
+        def on_message(w: asyncio.Future) -> None:
+            if not w.cancelled() and w.exception() is None and w.result()["type"] == "http.disconnect":
+                left.set()
+                if not task.done():
+                    task.cancel()
+
+        watcher.add_done_callback(on_message)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            watcher.remove_done_callback(on_message)
+            watcher.cancel()
+        if not task.cancelled():
+            task.result()
+
+    async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
+        content = orjson.dumps(error_body(scope["path"], error, request_id))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    def _route_path(self, scope) -> str:
+        route = scope.get("route")
+        if route is not None:
+            return route.path
+        for candidate in _flatten(self.router.routes):  # rejected before routing: name the route it was for
+            match, _ = candidate.matches(scope)
+            if match != Match.NONE:
+                return candidate.path
+        return "unmatched"
+
+
+def _flatten(routes):
+    for route in routes:
+        inner = getattr(route, "original_router", None)  # FastAPI keeps included routers whole
+        if inner is not None:
+            yield from _flatten(inner.routes)
+        elif hasattr(route, "path"):
+            yield route

@@ -1,0 +1,214 @@
+"""The batch queue: tokenised requests wait here and leave as forward passes under a token budget.
+
+Modelled on TEI's `core/src/queue.rs`, with two changes for a CPU where one pass can take seconds:
+- **fair**: each pass is led by the request that has been served the fewest tokens so far (then the
+  oldest), so a one-text request arriving behind a 256-text request runs in the next pass, not
+  after it;
+- **grouped by length**: a row joins a pass only if the pass's padded length stays within twice
+  the row's own, so short texts are not padded to a long neighbour's length (the budget alone
+  would allow 63 short rows at 256 tokens each).
+
+A pass holds at most `max_batch_requests` rows and `max_batch_tokens` tokens counted *with*
+padding (rows × padded length), which is what the model computes and what bounds its memory.
+Requests whose caller left, or whose deadline passed, are dropped before they reach the model.
+The queue is shared by the event loop (put) and the inference thread (next_batch): one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.backends.base import Tokenized, padded_length
+
+#: a row may be padded to at most this many times its own (padded) length
+MAX_PADDING_RATIO = 2
+
+
+class DeadlineExceeded(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's texts. The inference thread fills rows and calls `on_done` once, from its thread."""
+
+    items: list[Tokenized]
+    dimension: int
+    deadline: float  # time.monotonic()
+    on_done: Callable[[Job], None]
+    normalized: np.ndarray = field(init=False)
+    raw: np.ndarray = field(init=False)
+    error: BaseException | None = None
+    cancelled: bool = False  # the caller left: rows not yet run are dropped
+    enqueued_at: float = 0.0
+    scheduled_at: float | None = None  # when its first row entered a pass
+    inference_s: float = 0.0  # time spent in passes that carried its rows
+    served_tokens: int = 0
+    _order: list[int] = field(init=False)  # row indices, shortest first: the order rows are scheduled
+    _cursor: int = 0
+    _pending: int = field(init=False)
+    _finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.normalized = np.empty((len(self.items), self.dimension), dtype=np.float32)
+        self.raw = np.empty((len(self.items), self.dimension), dtype=np.float32)
+        self._order = sorted(range(len(self.items)), key=lambda i: self.items[i].length)
+        self._pending = len(self.items)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(i.length for i in self.items)
+
+    def fill(self, row: int, normalized: np.ndarray, raw: np.ndarray) -> None:
+        self.normalized[row] = normalized
+        self.raw[row] = raw
+        self._pending -= 1
+        if self._pending == 0:
+            self._finish()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._finished:
+            self.error = error
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.on_done(self)
+
+
+@dataclass
+class Batch:
+    """One forward pass: rows from one or several jobs, padded to `seq_len`."""
+
+    rows: list[tuple[Job, int]]
+    seq_len: int
+
+    @property
+    def items(self) -> list[Tokenized]:
+        return [job.items[i] for job, i in self.rows]
+
+
+class BatchQueue:
+    def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
+                 max_wait_s: float, max_seq_length: int):
+        if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
+            raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
+                             f"max_seq_length ({max_seq_length})")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition()
+        self._jobs: list[Job] = []
+        self._incoming = 0  # requests being tokenised: worth a short wait when a pass would be small
+        self._closed = False
+
+    # --- event-loop side ----------------------------------------------------------------------
+    def expect(self) -> None:
+        with self._cond:
+            self._incoming += 1
+
+    def unexpect(self) -> None:
+        with self._cond:
+            self._incoming -= 1
+            self._cond.notify()
+
+    def put(self, job: Job, expected: bool = True) -> None:
+        job.enqueued_at = time.monotonic()
+        with self._cond:
+            if expected:
+                self._incoming -= 1
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def queued_rows(self) -> int:
+        with self._cond:
+            return sum(len(j.items) - j._cursor for j in self._jobs)
+
+    # --- inference-thread side ------------------------------------------------------------------
+    def next_batch(self) -> Batch | None:
+        """Block until a pass can be formed; None once the queue is closed and empty."""
+        with self._cond:
+            while True:
+                self._drop_dead(time.monotonic())
+                if not self._jobs:
+                    if self._closed:
+                        return None
+                    self._cond.wait()
+                    continue
+                # Requests still being tokenised would make this pass fuller: wait for them, briefly.
+                until = time.monotonic() + self.max_wait_s
+                while self._incoming > 0 and not self._full() and (left := until - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                self._drop_dead(time.monotonic())
+                if self._jobs:
+                    return self._select()
+
+    def _drop_dead(self, now: float) -> None:
+        alive = []
+        for job in self._jobs:
+            if job.cancelled or job.finished:
+                continue
+            if now > job.deadline:
+                job.fail(DeadlineExceeded("the request's deadline passed while it waited in the queue"))
+                continue
+            alive.append(job)
+        self._jobs = alive
+
+    def _full(self) -> bool:
+        rows = sum(len(j.items) - j._cursor for j in self._jobs)
+        return rows >= self.max_batch_requests or rows * self.pad_to_multiple_of >= self.max_batch_tokens
+
+    def _select(self) -> Batch:
+        # Least-served job first, then the oldest: the first row always fits (see __init__).
+        jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.enqueued_at))
+        taken = dict.fromkeys(jobs, 0)
+        rows: list[tuple[Job, int]] = []
+        seq_len = 0
+        shortest = 0
+        open_jobs = list(jobs)
+        while open_jobs and len(rows) < self.max_batch_requests:
+            still_open = []
+            for job in open_jobs:  # one row from each job per round: round-robin among the chosen
+                if len(rows) == self.max_batch_requests:
+                    break
+                position = job._cursor + taken[job]
+                if position == len(job.items):
+                    continue
+                row = job._order[position]
+                own = padded_length(job.items[row].length, self.pad_to_multiple_of)
+                new_len = max(seq_len, own)
+                new_short = min(shortest, own) if rows else own
+                if rows and ((len(rows) + 1) * new_len > self.max_batch_tokens
+                             or new_len > MAX_PADDING_RATIO * new_short):
+                    continue  # this job's later rows are longer still: it is done for this pass
+                rows.append((job, row))
+                taken[job] += 1
+                seq_len, shortest = new_len, new_short
+                still_open.append(job)
+            open_jobs = still_open
+        now = time.monotonic()
+        for job, n in taken.items():
+            if n:
+                rows_taken = job._order[job._cursor : job._cursor + n]
+                job.served_tokens += sum(job.items[r].length for r in rows_taken)
+                job._cursor += n
+                if job.scheduled_at is None:
+                    job.scheduled_at = now
+        self._jobs = [j for j in self._jobs if j._cursor < len(j.items)]
+        return Batch(rows, seq_len)

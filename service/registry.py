@@ -1,0 +1,70 @@
+"""The models the service holds, by name: what the routes ask for, and what makes hot swap possible.
+
+Routes never keep an engine: they look one up per request, so replacing the registry's entry
+(a reload) moves every following request to the new model while the old one drains.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from service.backends import create_backend
+from service.engine import Engine, EngineError
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("sembed.registry")
+
+
+class ModelNotFound(EngineError):
+    pass
+
+
+class ModelRegistry:
+    def __init__(self) -> None:
+        self._engines: dict[str, Engine] = {}
+        self.default: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> ModelRegistry:
+        """Load, warm and start every configured export (slow: call it off the event loop)."""
+        registry = cls()
+        for name, export_dir in settings.model_dirs():
+            backend = create_backend(settings.backend, export_dir, device=settings.device,
+                                     intra_op_threads=settings.intra_op_threads,
+                                     pad_to_multiple_of=settings.pad_to_multiple_of)
+            backend.warmup()
+            engine = Engine(backend, settings.engine_config(), metrics)
+            registry.add(name or backend.info.model, engine)
+            log.info("loaded %s (dim %d) from %s on %s", name or backend.info.model, backend.info.dimension,
+                     export_dir, backend.info.device)
+        return registry
+
+    def add(self, name: str, engine: Engine) -> None:
+        if name in self._engines:
+            raise ValueError(f"two models named {name!r}")
+        engine.start()
+        self._engines[name] = engine
+        self.default = self.default or name
+
+    def get(self, name: str | None = None) -> Engine:
+        if name is None:
+            name = self.default
+        engine = self._engines.get(name) if name is not None else None
+        if engine is None:
+            raise ModelNotFound(f"no model named {name!r}; this service has {self.names()}")
+        return engine
+
+    def name_of(self, engine: Engine) -> str:
+        return next(n for n, e in self._engines.items() if e is engine)
+
+    def names(self) -> list[str]:
+        return list(self._engines)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._engines) and all(e.ready for e in self._engines.values())
+
+    def stop(self) -> None:
+        for engine in self._engines.values():
+            engine.stop()

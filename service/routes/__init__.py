@@ -1,0 +1,1 @@
+"""HTTP routers, one per API family; each only validates, calls the engine and shapes the answer."""

@@ -1,0 +1,57 @@
+"""What the routers share: the registry lookup, the fast JSON response, TEI's timing headers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from service.engine import EmbedResult, Engine
+from service.errors import ApiError
+from service.registry import ModelRegistry
+from service.settings import Settings
+
+
+class JSON(Response):
+    """orjson writes float32 arrays directly: no list of Python floats, no pydantic pass over them."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
+
+
+def settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def engine(request: Request, model: str | None = None) -> Engine:
+    return registry(request).get(model)
+
+
+def check_batch(request: Request, n: int, field: str) -> None:
+    limit = settings(request).max_client_batch_size
+    if n > limit:
+        raise ApiError(422, f"{n} {field} in one request; the limit (max_client_batch_size) is {limit}: "
+                            "split the request", "Validation", param=field)
+
+
+def timing_headers(result: EmbedResult, total_s: float | None = None) -> dict[str, str]:
+    """TEI's headers, in milliseconds (x-compute-time is the time spent inside the engine)."""
+    compute = result.tokenization_s + result.queue_s + result.inference_s
+    headers = {
+        "x-compute-time": f"{compute * 1000:.3f}",
+        "x-compute-tokens": str(result.prompt_tokens),
+        "x-tokenization-time": f"{result.tokenization_s * 1000:.3f}",
+        "x-queue-time": f"{result.queue_s * 1000:.3f}",
+        "x-inference-time": f"{result.inference_s * 1000:.3f}",
+    }
+    if total_s is not None:
+        headers["x-total-time"] = f"{total_s * 1000:.3f}"
+    return headers

@@ -1,0 +1,48 @@
+"""The OpenAI embeddings API: POST /v1/embeddings and GET /v1/models, with OpenAI's error body."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from service import schemas
+from service.errors import ApiError
+from service.routes.common import JSON, check_batch, registry, timing_headers
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)
+async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
+    start = time.perf_counter()
+    texts = [req.input] if isinstance(req.input, str) else req.input
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError(422, "token-id input is not supported: send the texts", "Unsupported", param="input")
+    check_batch(request, len(texts), "input")
+    engine = registry(request).get(req.model)
+    result = await engine.embed(texts, normalize=True)
+    vectors = result.vectors
+    if req.dimensions is not None:
+        if req.dimensions > engine.info.dimension:
+            raise ApiError(422, f"dimensions={req.dimensions} exceeds the model's {engine.info.dimension}",
+                           "Validation", param="dimensions")
+        vectors = vectors[:, : req.dimensions]
+        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+    if req.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+        rows = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
+    else:
+        rows = list(vectors)
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    body = {"object": "list", "data": data, "model": registry(request).name_of(engine),
+            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
+    return JSON(body, headers=timing_headers(result, time.perf_counter() - start))
+
+
+@router.get("/models")
+async def models(request: Request):
+    reg = registry(request)
+    return {"object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sembed"} for name in reg.names()]}

@@ -1,0 +1,75 @@
+"""Operations: liveness, readiness, health, metrics and what is being served."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from service import schemas
+from service.errors import ApiError
+from service.routes.common import settings
+
+router = APIRouter(tags=["ops"])
+_UNAVAILABLE = {503: {"model": schemas.ErrorResponse}}
+
+
+def _registry(request: Request):
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None or not registry.ready:
+        raise ApiError(503, "model not loaded", "Unhealthy", headers={"Retry-After": "1"})
+    return registry
+
+
+@router.get("/healthz")
+async def healthz():
+    """The process answers (liveness)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses=_UNAVAILABLE)
+async def readyz(request: Request):
+    """Every model is loaded and its engine running (readiness)."""
+    _registry(request)
+    return {"status": "ready"}
+
+
+@router.get("/health", responses=_UNAVAILABLE)
+async def health(request: Request):
+    """TEI's health: a real forward pass on every model."""
+    registry = _registry(request)
+    for name in registry.names():
+        try:
+            await run_in_threadpool(registry.get(name).backend.health)
+        except Exception as e:
+            raise ApiError(503, f"model {name} failed its health check: {e}", "Unhealthy") from e
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/info")
+async def info(request: Request):
+    """The default model's manifest, the models served, the index size and the request limits."""
+    registry = _registry(request)
+    s = settings(request)
+    engine = registry.get()
+    return {
+        "manifest": engine.info.manifest,
+        "models": registry.names(),
+        "device": engine.info.device,
+        "index_documents": len(request.app.state.index),
+        "limits": {
+            "max_client_batch_size": s.max_client_batch_size,
+            "max_input_tokens": engine.info.max_seq_length,
+            "max_request_bytes": s.max_request_bytes,
+            "max_batch_tokens": s.max_batch_tokens,
+            "max_concurrent_requests": s.max_concurrent_requests,
+            "max_search_k": s.max_search_k,
+            "auto_truncate": s.auto_truncate,
+        },
+    }
