@@ -136,6 +136,10 @@ class BatchQueue:
             self._closed = True
             self._cond.notify_all()
 
+    @property
+    def incoming(self) -> int:
+        return self._incoming
+
     def queued_rows(self) -> int:
         with self._cond:
             return sum(len(j.items) - j._cursor for j in self._jobs)

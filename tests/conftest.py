@@ -71,7 +71,7 @@ def default_export(tmp_path_factory) -> Path:
 class LiveServer:
     """The real app under uvicorn on a free localhost port, in a background thread."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, registry=None):
         import socket
         import threading
 
@@ -83,7 +83,7 @@ class LiveServer:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.app = create_app(settings)
+        self.app = create_app(settings, registry)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -23,9 +23,9 @@ def empty_index(client):
 
 
 def test_embed_returns_unit_vectors_of_the_model_dimension(client):
-    # Exactly the README's curl: no content-type header, so curl's form label must still read as JSON.
+    # Exactly what the README's `curl --json` sends.
     r = client.post("/embed", content=b'{"inputs":["A man is playing a guitar."]}',
-                    headers={"content-type": "application/x-www-form-urlencoded"})
+                    headers={"content-type": "application/json", "accept": "application/json"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["dim"] == 384 and body["model"] == "all-MiniLM-L6-v2"
@@ -33,15 +33,20 @@ def test_embed_returns_unit_vectors_of_the_model_dimension(client):
     assert np.linalg.norm(body["embeddings"][0]) == pytest.approx(1.0, abs=1e-5)
 
 
+def vectors(response) -> np.ndarray:
+    """float32 as served: the JSON carries the shortest decimal that reads back to the same float32."""
+    return np.asarray(response.json()["embeddings"], dtype=np.float32)
+
+
 def test_embed_single_string_and_order(client, default_export):
-    from service.encoder import OnnxEncoder
+    from service.backends.onnx import OnnxBackend
 
     texts = ["first sentence", "B", "a third, much longer sentence than the other two"]
-    batch = np.array(client.post("/embed", json={"inputs": texts}).json()["embeddings"])
-    single = np.array(client.post("/embed", json={"inputs": texts[1]}).json()["embeddings"])
+    batch = vectors(client.post("/embed", json={"inputs": texts}))
+    single = vectors(client.post("/embed", json={"inputs": texts[1]}))
     assert batch.shape == (3, 384) and single.shape == (1, 384)
-    assert np.abs(batch[1] - single[0]).max() < 1e-5
-    assert np.abs(batch - OnnxEncoder(default_export).encode(texts)).max() < 1e-5
+    assert np.array_equal(batch[1], single[0])  # bit for bit, batched or not
+    assert np.array_equal(batch, OnnxBackend(default_export).encode(texts, batch_size=1))
 
 
 def test_embed_without_normalisation(client):
@@ -118,19 +123,48 @@ def test_malformed_requests_get_422_with_a_json_error(client, path, body):
     assert r.json()["error"]
 
 
-def test_oversized_requests_get_413(client, live_service):
-    limit = live_service.app.state.settings.max_inputs_per_request
-    r = client.post("/embed", json={"inputs": ["x"] * (limit + 1)})
-    assert r.status_code == 413 and str(limit) in r.json()["error"]
-    r = client.post("/embed", json={"inputs": ["y" * 5001]})
-    assert r.status_code == 413 and "characters" in r.json()["error"]
+def test_limits_each_get_their_status(client, live_service):
+    settings = live_service.app.state.settings
+    r = client.post("/embed", json={"inputs": ["x"] * (settings.max_client_batch_size + 1)})
+    assert r.status_code == 422 and str(settings.max_client_batch_size) in r.json()["error"]
+    r = client.post("/embed", json={"inputs": ["y" * settings.max_request_bytes]})
+    assert r.status_code == 413 and "bytes" in r.json()["error"]
+    long = "word " * 600
+    r = client.post("/embed", json={"inputs": ["short", long], "truncate": False})
+    assert r.status_code == 422 and "inputs[1] has 602 tokens" in r.json()["error"] and "256" in r.json()["error"]
+    truncated = client.post("/embed", json={"inputs": [long]})  # auto_truncate: cut to 256 tokens
+    assert truncated.status_code == 200 and truncated.headers["x-compute-tokens"] == "256"
 
 
-def test_failed_index_request_adds_nothing(client, empty_index):
-    documents = [{"id": "ok", "text": "fine"}, {"id": "big", "text": "z" * 6000}]
-    r = client.post("/index/documents", json={"documents": documents})
-    assert r.status_code == 413
-    assert client.get("/info").json()["index_documents"] == 0
+SURROGATE = rb'"bad \ud800 text"'  # JSON's escape for a lone UTF-16 surrogate
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/embed", b'{"inputs": ["fine", %s]}'),
+    ("/similarity", b'{"source_sentence": %s, "sentences": ["fine"]}'),
+    ("/search", b'{"query": %s}'),
+    ("/index/documents", b'{"documents": [{"id": "x", "text": %s}]}'),
+    ("/v1/embeddings", b'{"input": [%s]}'),
+])
+def test_a_lone_surrogate_is_422_on_every_route(client, empty_index, path, body):
+    r = client.post(path, content=body % SURROGATE, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "not valid Unicode" in r.text
+    assert client.get("/info").json()["index_documents"] == 0  # a failed write adds nothing
+
+
+def test_a_bad_input_fails_alone_among_concurrent_requests(live_service):
+    texts = [f"an ordinary sentence number {i}" for i in range(16)]
+
+    async def run():
+        async with httpx.AsyncClient(base_url=live_service.url, timeout=60) as c:
+            bad = b'{"inputs": [%s]}' % SURROGATE
+            good = [c.post("/embed", json={"inputs": [t]}) for t in texts]
+            hostile = [c.post("/embed", content=bad, headers={"content-type": "application/json"}) for _ in range(4)]
+            return await asyncio.gather(*good, *hostile)
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 16 + [422] * 4
 
 
 def test_unknown_route_and_method(client):
@@ -152,7 +186,8 @@ def test_ops_endpoints(client):
 
 def test_openapi_documents_every_endpoint(client):
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/embed", "/similarity", "/search", "/index/documents", "/healthz", "/readyz", "/metrics", "/info"):
+    for path in ("/embed", "/similarity", "/search", "/index/documents", "/healthz", "/readyz", "/metrics", "/info",
+                 "/health", "/v1/embeddings", "/v1/models"):
         assert path in paths
     assert "EmbedRequest" in str(paths["/embed"])
 
@@ -168,9 +203,9 @@ def test_concurrent_requests_share_batches_and_keep_their_rows(live_service):
             return [r.json()["embeddings"][0] for r in rs], after - before
 
     got, forward_passes = asyncio.run(run())
-    whole = httpx.post(f"{live_service.url}/embed", json={"inputs": texts}, timeout=60)
-    expected = np.array(whole.json()["embeddings"])
-    assert np.abs(np.array(got) - expected).max() < 1e-5  # every response got its own row back
+    alone = [vectors(httpx.post(f"{live_service.url}/embed", json={"inputs": [t]}, timeout=60))[0] for t in texts]
+    # every response got its own row back, with the same bits as the text sent on its own
+    assert np.array_equal(np.asarray(got, dtype=np.float32), np.stack(alone))
     assert forward_passes < len(texts)  # and requests were batched together
 
 

@@ -1,0 +1,246 @@
+"""The engine and its queue on the fake backend: budgets, grouping, fairness, limits, failures, order."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from service.backends import padded_length
+from service.backends.fake import FakeBackend
+from service.engine import Engine, EngineConfig, InferenceFailed, InputTooLong, InvalidInput, Overloaded, QueueDeadline
+
+
+def words(n: int, tag: str = "w") -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def make_engine(**config) -> tuple[Engine, FakeBackend]:
+    backend = FakeBackend(max_seq_length=config.pop("max_seq_length", 64), pad_to_multiple_of=8)
+    engine = Engine(backend, EngineConfig(**{"max_batch_wait_ms": 0, **config}))
+    engine.start()
+    return engine, backend
+
+
+def alone(backend: FakeBackend, text: str) -> np.ndarray:
+    item = backend.tokenize([text])[0]
+    return backend.run([item], padded_length(item.length, backend.pad_to_multiple_of))[0][0]
+
+
+async def queued(engine: Engine) -> None:
+    """Every request started so far has been tokenised and queued (or refused)."""
+    await asyncio.sleep(0.01)
+    await until(lambda: engine.queue.incoming == 0)
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def test_concurrent_requests_get_their_own_rows_bit_for_bit():
+    engine, backend = make_engine(max_batch_tokens=512, max_batch_requests=16)
+    rng = np.random.default_rng(0)
+    requests = [[words(int(rng.integers(1, 60)), f"r{r}t{t}") for t in range(int(rng.integers(1, 6)))]
+                for r in range(40)]
+
+    async def run():
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(engine.embed(texts)) for texts in requests]
+        await queued(engine)
+        backend.gate.set()
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(run())
+    engine.stop()
+    shared_passes = len(backend.passes)
+    for texts, result in zip(requests, results):
+        expected = np.stack([alone(backend, t) for t in texts])
+        assert np.array_equal(result.vectors, expected)  # same bits as each text run on its own
+        assert result.prompt_tokens == sum(len(t.split()) + 2 for t in texts)
+    assert shared_passes < len(requests)  # and they really shared passes
+
+
+def test_passes_keep_the_token_budget_the_row_cap_and_similar_lengths():
+    engine, backend = make_engine(max_batch_tokens=256, max_batch_requests=10)
+    lengths = [1, 3, 5, 9, 14, 20, 30, 45, 60] * 6
+
+    async def run():
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(engine.embed([words(n, f"x{i}")])) for i, n in enumerate(lengths)]
+        await queued(engine)
+        backend.gate.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+    engine.stop()
+    assert sum(map(len, backend.passes)) == len(lengths)
+    for rows, padded in zip(backend.passes, backend.padded_tokens):
+        assert len(rows) <= 10 and padded <= 256
+        pads = [padded_length(n, 8) for n in rows]
+        assert max(pads) <= 2 * min(pads)  # grouped by length: nobody is padded past twice its own
+    assert max(map(len, backend.passes)) > 1
+
+
+def test_a_small_request_is_not_starved_by_a_huge_one():
+    # 256 texts at the length limit, then one short text: it must run in the next pass, not the 17th.
+    engine, backend = make_engine(max_batch_tokens=1024, max_batch_requests=64)
+    big = [words(200, f"b{i}") for i in range(256)]  # truncated to 64 tokens each: 16 per pass
+
+    async def run():
+        backend.gate.clear()
+        big_task = asyncio.ensure_future(engine.embed(big))
+        await queued(engine)  # its first pass is held at the gate
+        small_task = asyncio.ensure_future(engine.embed(["just one"]))
+        await queued(engine)
+        backend.gate.set()
+        await big_task
+        return await small_task
+
+    small = asyncio.run(run())
+    engine.stop()
+    small_pass = next(k for k, rows in enumerate(backend.passes) if 4 in rows)  # [CLS] just one [SEP]
+    assert small_pass == 1 and len(backend.passes) == 17  # right after the pass that was running
+    assert np.array_equal(small.vectors[0], alone(backend, "just one"))
+    assert all(p <= 1024 for p in backend.padded_tokens)  # the limit is in tokens, padding included
+
+
+def test_no_permit_means_an_immediate_overloaded():
+    engine, backend = make_engine(max_concurrent_requests=4)
+
+    async def run():
+        backend.gate.clear()
+        held = asyncio.ensure_future(engine.embed(["a", "b", "c"]))
+        await until(lambda: engine.in_flight == 3)
+        with pytest.raises(Overloaded, match="retry"):
+            await engine.embed(["d", "e"])
+        fits = asyncio.ensure_future(engine.embed(["f"]))
+        await asyncio.sleep(0.01)
+        backend.gate.set()
+        await asyncio.gather(held, fits)
+        assert engine.in_flight == 0  # permits come back
+
+    asyncio.run(run())
+    engine.stop()
+
+
+def test_rows_past_their_deadline_never_reach_the_model():
+    engine, backend = make_engine(request_timeout_s=0.05, max_batch_requests=1)
+
+    async def run():
+        backend.gate.clear()
+        first = asyncio.ensure_future(engine.embed(["first"]))
+        await until(lambda: engine.queue.queued_rows() == 0 and engine.in_flight == 1)
+        late = asyncio.ensure_future(engine.embed(["late one", "late two"]))
+        await asyncio.sleep(0.15)
+        backend.gate.set()
+        await first
+        with pytest.raises(QueueDeadline):
+            await late
+
+    asyncio.run(run())
+    engine.stop()
+    assert backend.passes == [[3]]  # only "first" ran
+    assert engine.in_flight == 0
+
+
+def test_a_caller_that_leaves_takes_its_rows_out_of_the_queue():
+    engine, backend = make_engine(max_batch_requests=4)
+
+    async def run():
+        backend.gate.clear()
+        blocker = asyncio.ensure_future(engine.embed(["blocker"]))
+        await until(lambda: engine.in_flight == 1 and engine.queue.queued_rows() == 0)
+        abandoned = [asyncio.ensure_future(engine.embed([words(5, f"a{i}{j}") for j in range(8)])) for i in range(5)]
+        await queued(engine)
+        for task in abandoned:
+            task.cancel()
+        await asyncio.gather(*abandoned, return_exceptions=True)
+        kept = asyncio.ensure_future(engine.embed(["kept"]))
+        backend.gate.set()
+        await asyncio.gather(blocker, kept)
+
+    asyncio.run(run())
+    engine.stop()
+    assert sum(map(len, backend.passes)) == 2  # blocker and kept; none of the 40 abandoned rows
+    assert engine.in_flight == 0
+
+
+def test_a_failing_input_fails_only_its_own_request():
+    engine, backend = make_engine(max_batch_requests=32)
+    texts = [f"normal request {i}" for i in range(16)]
+
+    async def run():
+        backend.gate.clear()
+        good = [asyncio.ensure_future(engine.embed([t])) for t in texts]
+        bad = asyncio.ensure_future(engine.embed(["this one will FAIL", "with a fine neighbour"]))
+        await queued(engine)
+        backend.gate.set()
+        with pytest.raises(InferenceFailed):
+            await bad
+        return await asyncio.gather(*good)
+
+    results = asyncio.run(run())
+    engine.stop()
+    assert sum(map(len, backend.passes)) > 18  # the shared pass failed, then each row ran alone
+    for text, result in zip(texts, results):
+        assert np.array_equal(result.vectors[0], alone(backend, text))
+    assert engine.in_flight == 0
+
+
+def test_invalid_unicode_is_refused_before_the_queue():
+    engine, backend = make_engine()
+
+    async def run():
+        with pytest.raises(InvalidInput, match=r"inputs\[1\] is not valid Unicode"):
+            await engine.embed(["fine", "bad \ud800 text"])
+        return await engine.embed(["fine"])
+
+    assert asyncio.run(run()).vectors.shape == (1, 8)
+    engine.stop()
+    assert backend.passes == [[3]]
+
+
+def test_truncate_false_names_the_token_count():
+    engine, backend = make_engine(max_seq_length=16)
+
+    async def run():
+        with pytest.raises(InputTooLong, match=r"inputs\[0\] has 22 tokens; the model takes at most 16"):
+            await engine.embed([words(20)], truncate=False)
+        cut = await engine.embed([words(20)], truncate=True)
+        assert cut.prompt_tokens == 16
+        default = await engine.embed([words(20)])  # auto_truncate
+        assert np.array_equal(cut.vectors, default.vectors)
+
+    asyncio.run(run())
+    engine.stop()
+
+
+def test_a_pass_waits_briefly_for_requests_still_being_tokenised():
+    engine, backend = make_engine(max_batch_wait_ms=200, max_batch_requests=64)
+
+    async def run():
+        return await asyncio.gather(*(engine.embed([f"text {i}"]) for i in range(20)))
+
+    asyncio.run(run())
+    engine.stop()
+    assert len(backend.passes) <= 3 and sum(map(len, backend.passes)) == 20
+
+
+def test_stop_finishes_what_is_queued_then_refuses():
+    engine, backend = make_engine()
+
+    async def run():
+        results = await asyncio.gather(*(engine.embed([f"text {i}"]) for i in range(5)))
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+        from service.engine import NotReady
+
+        with pytest.raises(NotReady):
+            await engine.embed(["after stop"])
+        return results
+
+    assert len(asyncio.run(run())) == 5
