@@ -23,9 +23,9 @@ class Settings(BaseSettings):
     backend: Literal["onnx", "fake"] = Field("onnx", description="fake: a model-free backend for tests")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
-    # 16 floats is the widest vector (AVX-512) the CPU kernels use: with padded lengths a multiple of
-    # it, a text's vector is the same bits whatever batch it shares (see backends/onnx.py).
-    pad_to_multiple_of: int = Field(16, ge=1)
+    # With padded lengths a multiple of this, a text's vector has the same bits whatever batch it
+    # shares; 0 measures the smallest such multiple for this CPU at start (see backends/onnx.py).
+    pad_to_multiple_of: int = Field(0, ge=0)
 
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)

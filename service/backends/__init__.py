@@ -10,7 +10,7 @@ __all__ = ["Backend", "BackendError", "BackendInfo", "Tokenized", "create_backen
 
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
-                   pad_to_multiple_of: int = 16) -> Backend:
+                   pad_to_multiple_of: int = 0) -> Backend:
     if kind == "onnx":
         from service.backends.onnx import OnnxBackend
 
@@ -19,5 +19,5 @@ def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", in
     if kind == "fake":
         from service.backends.fake import FakeBackend
 
-        return FakeBackend(name=Path(export_dir).name or "fake", pad_to_multiple_of=pad_to_multiple_of)
+        return FakeBackend(name=Path(export_dir).name or "fake", pad_to_multiple_of=pad_to_multiple_of or 8)
     raise ValueError(f"unknown backend {kind!r}: onnx or fake")

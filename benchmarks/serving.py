@@ -1,0 +1,303 @@
+"""`make bench`: the serving engine against sentence-transformers and bare onnxruntime, side by side.
+
+One run on one machine, so the ratios hold even where absolute speeds move between CPUs:
+  1. batch 32, short (~12 tokens) and long (~128 tokens) texts: sentence-transformers `encode`,
+     onnxruntime in process (the export's graph, default session options), and our service over HTTP;
+  2. single-sentence requests at concurrency 1/8/32/64 against the service: throughput and
+     p50/p95/p99 latency;
+and prints PASS/FAIL for the targets of the serving-engine issue. The load generator is a raw
+HTTP/1.1 keep-alive client on asyncio, so its own cost on the shared cores stays small.
+
+    python -m benchmarks.serving [--model-dir models/all-MiniLM-L6-v2] [--data-dir ../shared/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 32
+CONCURRENCY = (1, 8, 32, 64)
+
+
+# --- the machine ---------------------------------------------------------------------------------
+def cpu_line() -> str:
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("unknown CPU", ""):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
+    import onnxruntime
+
+    return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
+            f"onnxruntime {onnxruntime.__version__}; python {platform.python_version()}")
+
+
+# --- the texts -----------------------------------------------------------------------------------
+def make_texts(tokenizer, data_dir: Path, n_short: int, n_long: int) -> tuple[list[str], list[str]]:
+    """Short: real sentences of 10–14 tokens; long: sentences joined to 124–132 tokens."""
+    corpus = data_dir / "corpus" / "wordnet-sentences.txt"
+    if corpus.is_file():
+        sentences = corpus.read_text().splitlines()[:20000]
+    else:  # the bench must run without the data folder: plain generated sentences
+        rng = random.Random(0)
+        vocab = ("the a man woman dog cat plays runs eats reads near under over quickly slowly old young "
+                 "river city guitar book green small large music morning night street house").split()
+        sentences = [" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 14))) + "." for _ in range(20000)]
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(sentences)]
+    short = [s for s, n in zip(sentences, lengths) if 10 <= n <= 14][:n_short]
+    long, current, size = [], [], 2
+    for s, n in zip(sentences, lengths):
+        current.append(s)
+        size += n - 2
+        if size >= 124:
+            if size <= 132:
+                long.append(" ".join(current))
+            current, size = [], 2
+        if len(long) == n_long:
+            break
+    return short, long
+
+
+# --- in process ------------------------------------------------------------------------------------
+def rate(fn, texts: list[str], repeats: int = 3) -> float:
+    """Sentences per second, best of `repeats` passes over `texts` in batches of BATCH."""
+    batches = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
+    fn(batches[0])  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for b in batches:
+            fn(b)
+        best = min(best, time.perf_counter() - start)
+    return len(texts) / best
+
+
+def sentence_transformers_encoder(model_dir: Path):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    return lambda batch: model.encode(batch, batch_size=BATCH, normalize_embeddings=True)
+
+
+def onnxruntime_encoder(export_dir: Path):
+    """What a user writes with onnxruntime and tokenizers: default session, pad to the batch's longest."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(manifest["max_seq_length"])
+    tokenizer.enable_padding(pad_id=manifest["pad_token_id"], pad_token=manifest["pad_token"])
+    session = ort.InferenceSession(str(export_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = manifest["inputs"]
+
+    def encode(batch):
+        enc = tokenizer.encode_batch(batch)
+        feeds = {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+                 "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64)}
+        if "token_type_ids" in names:
+            feeds["token_type_ids"] = np.array([e.type_ids for e in enc], dtype=np.int64)
+        return session.run(["embedding"], feeds)[0]
+
+    return encode
+
+
+# --- over HTTP -------------------------------------------------------------------------------------
+class Connection:
+    """One keep-alive HTTP/1.1 connection: the least client code between us and the service."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    async def open(self) -> Connection:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def start_service(export_dir: Path) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SEMBED_MODEL_DIR": str(export_dir), "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if s.recv(64).startswith(b"HTTP/1.1 200"):
+                    return proc, port
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the service exited: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the service did not become ready in 120 s")
+
+
+async def http_batches(port: int, texts: list[str], repeats: int = 3) -> tuple[float, float]:
+    """(sentences/s, mean seconds per batch request), one request at a time, best of `repeats`."""
+    conn = await Connection(port).open()
+    bodies = [json.dumps({"inputs": texts[i : i + BATCH]}).encode() for i in range(0, len(texts), BATCH)]
+    await conn.post("/embed", bodies[0])
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for body in bodies:
+            status, _ = await conn.post("/embed", body)
+            assert status == 200, status
+        best = min(best, time.perf_counter() - start)
+    conn.close()
+    return len(texts) / best, best / len(bodies)
+
+
+async def http_singles(port: int, texts: list[str], concurrency: int, total: int) -> dict:
+    conns = [await Connection(port).open() for _ in range(concurrency)]
+    bodies = [json.dumps({"inputs": [t]}).encode() for t in texts]
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(total))
+
+    async def worker(conn: Connection) -> None:
+        nonlocal errors
+        for i in counter:
+            start = time.perf_counter()
+            status, _ = await conn.post("/embed", bodies[i % len(bodies)])
+            latencies.append(time.perf_counter() - start)
+            errors += status != 200
+
+    await asyncio.gather(*(worker(c) for c in conns[:concurrency]))  # warm-up round
+    counter = iter(range(total))
+    latencies.clear()
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in conns))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        c.close()
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {"rps": total / elapsed, "p50": q[49], "p95": q[94], "p99": q[98], "errors": errors}
+
+
+# --- the run -----------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"), help="an export")
+    parser.add_argument("--st-model", type=Path, default=None,
+                        help="sentence-transformers directory of the same model (default: the embedded one)")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--short", type=int, default=640, help="short texts per pass")
+    parser.add_argument("--long", type=int, default=128, help="long texts per pass")
+    parser.add_argument("--requests", type=int, default=640, help="single-sentence requests per concurrency")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the batch-32 comparison")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
+
+    from tokenizers import Tokenizer
+
+    print(cpu_line(), flush=True)
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    short, long = make_texts(tokenizer, args.data_dir, args.short, args.long)
+    print(f"texts: {len(short)} short, {len(long)} long; batch {BATCH}\n", flush=True)
+
+    st_dir = args.st_model
+    if st_dir is None:
+        from training.default_model import default_model_dir
+
+        st_dir = default_model_dir()
+    results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
+    st, ort_ = sentence_transformers_encoder(st_dir), onnxruntime_encoder(args.model_dir)
+    proc, port = start_service(args.model_dir)  # idle while the others run: its threads do not spin
+    try:
+        # Rounds alternate the three, and each keeps its best: a shared machine's drift hits all alike.
+        for name, texts in (("short", short), ("long", long)):
+            best = {"sentence-transformers": 0.0, "onnxruntime": 0.0, "service": 0.0, "service_request_s": 0.0}
+            for _ in range(args.rounds):
+                best["sentence-transformers"] = max(best["sentence-transformers"], rate(st, texts, 1))
+                best["onnxruntime"] = max(best["onnxruntime"], rate(ort_, texts, 1))
+                rps, latency = asyncio.run(http_batches(port, texts, 1))
+                if rps > best["service"]:
+                    best["service"], best["service_request_s"] = rps, latency
+            results["batch"][name] = best
+        del st, ort_
+        for c in CONCURRENCY:
+            results["singles"][c] = asyncio.run(http_singles(port, short, c, max(args.requests, 4 * c)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    print(f"{'batch of 32':<14}{'sentence-transformers':>24}{'onnxruntime':>14}{'service':>10}"
+          f"{'service/ort':>13}{'service req':>13}")
+    for name, r in results["batch"].items():
+        print(f"{name + ' texts':<14}{r['sentence-transformers']:>20.1f} s/s{r['onnxruntime']:>10.1f} s/s"
+              f"{r['service']:>6.1f} s/s{r['service'] / r['onnxruntime']:>12.2f}x{r['service_request_s'] * 1000:>10.1f} ms")
+    print(f"\n{'single-sentence requests':<26}{'req/s':>8}{'p50':>10}{'p95':>10}{'p99':>10}{'errors':>8}")
+    for c, r in results["singles"].items():
+        print(f"concurrency {c:<14}{r['rps']:>8.1f}{r['p50'] * 1000:>8.1f}ms{r['p95'] * 1000:>8.1f}ms"
+              f"{r['p99'] * 1000:>8.1f}ms{r['errors']:>8}")
+
+    batch_short = results["batch"]["short"]
+    c64 = results["singles"][64]
+    checks = [
+        (f"service ≥ 0.95× in-process onnxruntime, short ({batch_short['service'] / batch_short['onnxruntime']:.2f}×)",
+         batch_short["service"] >= 0.95 * batch_short["onnxruntime"]),
+        (f"service ≥ 0.95× in-process onnxruntime, long "
+         f"({results['batch']['long']['service'] / results['batch']['long']['onnxruntime']:.2f}×)",
+         results["batch"]["long"]["service"] >= 0.95 * results["batch"]["long"]["onnxruntime"]),
+        (f"concurrency-64 singles ≥ 0.8× batch-32 throughput ({c64['rps'] / batch_short['service']:.2f}×)",
+         c64["rps"] >= 0.8 * batch_short["service"]),
+        (f"concurrency-64 p99 < 10× the batch-32 request latency "
+         f"({c64['p99'] / batch_short['service_request_s']:.1f}×)",
+         c64["p99"] < 10 * batch_short["service_request_s"]),
+        (f"no errors under load ({sum(r['errors'] for r in results['singles'].values())})",
+         all(r["errors"] == 0 for r in results["singles"].values())),
+    ]
+    print()
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    print("n/a   int8 targets: no int8 variant is exported yet")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        results["checks"] = {text: ok for text, ok in checks}
+        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
