@@ -265,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'batch of 32':<14}{'sentence-transformers':>24}{'onnxruntime':>14}{'service':>10}"
           f"{'service/ort':>13}{'service req':>13}")
     for name, r in results["batch"].items():
+        ratio = r["service"] / r["onnxruntime"]
         print(f"{name + ' texts':<14}{r['sentence-transformers']:>20.1f} s/s{r['onnxruntime']:>10.1f} s/s"
-              f"{r['service']:>6.1f} s/s{r['service'] / r['onnxruntime']:>12.2f}x{r['service_request_s'] * 1000:>10.1f} ms")
+              f"{r['service']:>6.1f} s/s{ratio:>12.2f}x{r['service_request_s'] * 1000:>10.1f} ms")
     print(f"\n{'single-sentence requests':<26}{'req/s':>8}{'p50':>10}{'p95':>10}{'p99':>10}{'errors':>8}")
     for c, r in results["singles"].items():
         print(f"concurrency {c:<14}{r['rps']:>8.1f}{r['p50'] * 1000:>8.1f}ms{r['p95'] * 1000:>8.1f}ms"

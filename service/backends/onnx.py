@@ -122,19 +122,17 @@ class OnnxBackend:
                                 enumerate(list(range(1, 21)) + [27, 33, 40, 63])])
         longer = self.tokenize([" ".join(words * 5)])[0]
         for multiple in candidates:
-            def pad(n: int, multiple: int = multiple) -> int:
-                return padded_length(n, multiple)
-
-            def same(item: Tokenized) -> bool:
-                alone = self.run([item], pad(item.length))[0][0]
-                return (np.array_equal(alone, self.run([item], pad(item.length) + 2 * multiple)[0][0])
-                        and np.array_equal(alone, self.run([item, longer], pad(longer.length))[0][0]))
-
-            if all(same(p) for p in probes):
+            if all(self._same_bits(p, longer, multiple) for p in probes):
                 log.info("padding batches to a multiple of %d keeps batching bit-exact on this CPU", multiple)
                 return multiple
         log.warning("no padding multiple up to %d made batching bit-exact; using it anyway", candidates[-1])
         return candidates[-1]
+
+    def _same_bits(self, item: Tokenized, longer: Tokenized, multiple: int) -> bool:
+        own = padded_length(item.length, multiple)
+        alone = self.run([item], own)[0][0]
+        return (np.array_equal(alone, self.run([item], own + 2 * multiple)[0][0])
+                and np.array_equal(alone, self.run([item, longer], padded_length(longer.length, multiple))[0][0]))
 
     def warmup(self) -> None:
         """The first runs allocate and pick kernels: keep them off the first requests."""
