@@ -214,6 +214,30 @@ async def http_singles(port: int, texts: list[str], concurrency: int, total: int
     return {"rps": total / elapsed, "p50": q[49], "p95": q[94], "p99": q[98], "errors": errors}
 
 
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of a process, MB (Linux)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+async def at_the_limits(port: int, long_texts: list[str]) -> dict:
+    """One request of 256 texts over the model's length, and a one-text request sent while it runs."""
+    big = json.dumps({"inputs": [(t + " ") * 3 for t in (long_texts * 4)[:256]]}).encode()
+    small = json.dumps({"inputs": ["Is anybody there?"]}).encode()
+    big_conn, small_conn = await Connection(port).open(), await Connection(port).open()
+    start = time.perf_counter()
+    big_task = asyncio.ensure_future(big_conn.post("/embed", big))
+    await asyncio.sleep(0.5)
+    small_start = time.perf_counter()
+    small_status, _ = await small_conn.post("/embed", small)
+    small_s = time.perf_counter() - small_start
+    big_status, _ = await big_task
+    big_conn.close()
+    small_conn.close()
+    return {"big_s": time.perf_counter() - start, "small_s": small_s, "status": (big_status, small_status),
+            "body_bytes": len(big)}
+
+
 # --- the run -----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -258,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         del st, ort_
         for c in CONCURRENCY:
             results["singles"][c] = asyncio.run(http_singles(port, short, c, max(args.requests, 4 * c)))
+        before = rss_mb(proc.pid)[0]
+        results["limits"] = asyncio.run(at_the_limits(port, long))
+        time.sleep(0.5)
+        after, peak = rss_mb(proc.pid)
+        results["limits"].update({"rss_before_mb": before, "rss_peak_mb": peak, "rss_after_mb": after})
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -272,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     for c, r in results["singles"].items():
         print(f"concurrency {c:<14}{r['rps']:>8.1f}{r['p50'] * 1000:>8.1f}ms{r['p95'] * 1000:>8.1f}ms"
               f"{r['p99'] * 1000:>8.1f}ms{r['errors']:>8}")
+
+    lim = results["limits"]
+    print(f"\none request of 256 texts cut to the model's length ({lim['body_bytes'] / 1e6:.1f} MB): "
+          f"{lim['big_s']:.1f} s; a one-text request sent 0.5 s into it: {lim['small_s'] * 1000:.0f} ms "
+          f"(statuses {lim['status'][0]}, {lim['status'][1]}); service memory {lim['rss_before_mb']:.0f} MB before, "
+          f"{lim['rss_peak_mb']:.0f} MB peak, {lim['rss_after_mb']:.0f} MB after")
 
     batch_short = results["batch"]["short"]
     c64 = results["singles"][64]

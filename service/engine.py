@@ -28,6 +28,9 @@ from service.queue import Batch, BatchQueue, DeadlineExceeded, Job
 
 log = logging.getLogger("sembed.engine")
 
+#: requests with fewer characters than this are tokenised on the event loop (well under 0.1 ms)
+INLINE_TOKENIZATION_CHARS = 4096
+
 
 class EngineError(Exception):
     """A request the engine will not or cannot serve; the routers map each kind to a status."""
@@ -127,21 +130,27 @@ class Engine:
             raise Overloaded(f"{self.in_flight} inputs in flight, room for {self._permits} more; "
                              f"this request has {n}: retry shortly")
         self._permits -= n
-        self.queue.expect()
+        # Small requests are tokenised right here: a thread hop costs more than their tokenisation.
+        pooled = sum(map(len, texts)) > INLINE_TOKENIZATION_CHARS
+        if pooled:
+            self.queue.expect()
         queued = False
         try:
             loop = asyncio.get_running_loop()
             truncate = self.config.auto_truncate if truncate is None else truncate
             start = time.perf_counter()
             try:
-                items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate)
+                if pooled:
+                    items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate)
+                else:
+                    items = self._tokenize(texts, truncate)
             finally:
                 tokenization_s = time.perf_counter() - start
             future = loop.create_future()
             deadline = time.monotonic() + (timeout_s or self.config.request_timeout_s)
             job = Job(items, self.info.dimension, deadline,
                       on_done=lambda j: loop.call_soon_threadsafe(_resolve, future, j))
-            self.queue.put(job)
+            self.queue.put(job, expected=pooled)
             queued = True
             try:
                 await future
@@ -154,7 +163,7 @@ class Engine:
             return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, tokenization_s,
                                job.scheduled_at - job.enqueued_at, job.inference_s)
         finally:
-            if not queued:
+            if pooled and not queued:
                 self.queue.unexpect()
             self._permits += n
 
