@@ -12,7 +12,7 @@ PRESET ?= quick
 DATA ?= ../shared/data
 BASE ?=
 
-.PHONY: serve test export venv wordnet lint eval train-export
+.PHONY: serve test export venv wordnet lint eval train-export bench
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -40,6 +40,10 @@ wordnet:
 
 test: venv wordnet
 	$(PY) -m pytest -q
+
+# Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets.
+bench: venv $(MODEL_DIR)/manifest.json
+	$(PY) -m benchmarks.serving --model-dir $(MODEL_DIR) --data-dir $(DATA) --out results/bench-serving.json
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -86,7 +86,9 @@ class Engine:
         self.config = config
         self.metrics = metrics or Metrics()
         self.pad_to_multiple_of = getattr(backend, "pad_to_multiple_of", 1)
-        self.queue = BatchQueue(config.max_batch_tokens, config.max_batch_requests, self.pad_to_multiple_of,
+        # a pass must hold at least one input of the model's full length
+        budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
+        self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
                                 config.max_batch_wait_ms / 1000, backend.info.max_seq_length)
         workers = config.tokenization_workers or min(4, os.cpu_count() or 1)
         self._tokenizers = ThreadPoolExecutor(workers, thread_name_prefix="tokenize")

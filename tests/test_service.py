@@ -176,6 +176,7 @@ def test_unknown_route_and_method(client):
 def test_ops_endpoints(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/health").json() == {"status": "ok"}  # a real forward pass
     info = client.get("/info").json()
     assert info["manifest"]["dimension"] == 384 and info["manifest"]["max_seq_length"] == 256
     client.post("/embed", json={"inputs": ["count me"]})

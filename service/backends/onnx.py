@@ -145,7 +145,8 @@ class OnnxBackend:
             self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
 
     def health(self) -> None:
-        normalized, _ = self.run(self.tokenize(["health check"]), self.pad_to_multiple_of)
+        items = self.tokenize(["health check"])
+        normalized, _ = self.run(items, padded_length(items[0].length, self.pad_to_multiple_of))
         if not np.isfinite(normalized).all():
             raise BackendError("the health-check forward pass produced non-finite values")
 

@@ -67,7 +67,7 @@ async def info(request: Request):
             "max_client_batch_size": s.max_client_batch_size,
             "max_input_tokens": engine.info.max_seq_length,
             "max_request_bytes": s.max_request_bytes,
-            "max_batch_tokens": s.max_batch_tokens,
+            "max_batch_tokens": engine.queue.max_batch_tokens,
             "max_concurrent_requests": s.max_concurrent_requests,
             "max_search_k": s.max_search_k,
             "auto_truncate": s.auto_truncate,

@@ -1,0 +1,56 @@
+"""The onnxruntime backend on the real default export: bit-exact batching, device choice, memory options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.backends import padded_length
+from service.backends.onnx import OnnxBackend
+
+
+@pytest.fixture(scope="module")
+def backend(default_export):
+    return OnnxBackend(default_export)
+
+
+def test_a_text_gets_the_same_bits_alone_and_in_any_batch(backend):
+    rng = np.random.default_rng(1)
+    words = "the cat sat on a mat while dogs bark loudly at night near old houses in quiet towns".split()
+    texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(1, 90, 40)]
+    items = backend.tokenize(texts)
+    m = backend.pad_to_multiple_of
+    alone = [backend.run([it], padded_length(it.length, m))[0][0] for it in items]
+    for _ in range(12):
+        idx = rng.choice(len(items), int(rng.integers(2, 12)), replace=False)
+        batch = [items[i] for i in idx]
+        seq_len = padded_length(max(i.length for i in batch), m) + m * int(rng.integers(0, 3))
+        got = backend.run(batch, seq_len)[0]
+        for row, i in enumerate(idx):
+            assert np.array_equal(got[row], alone[i]), (texts[i], seq_len)
+
+
+def test_padding_multiple_is_calibrated_for_this_cpu(backend, default_export):
+    assert backend.pad_to_multiple_of in (1, 2, 4, 8, 16, 32)
+    fixed = OnnxBackend(default_export, pad_to_multiple_of=16)  # a setting skips the calibration
+    assert fixed.pad_to_multiple_of == 16
+
+
+def test_cuda_asked_for_and_absent_fails_loudly(default_export):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RuntimeError, match="device=cuda but onnxruntime offers only"):
+        OnnxBackend(default_export, device="cuda")
+
+
+def test_truncation_is_reported_with_the_original_token_count(backend):
+    long, short = backend.tokenize(["word " * 300, "a short one"])
+    assert long.length == 256 and long.truncated and long.original_tokens == 302
+    assert short.length == short.original_tokens == 5 and not short.truncated
+
+
+def test_health_runs_a_real_forward_pass(backend):
+    backend.health()
+    backend.warmup()
