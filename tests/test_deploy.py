@@ -70,3 +70,16 @@ def test_constraints_pin_versions_not_local_files():
     pins = [line for line in lines if line and not line.startswith("#")]
     bad = [line for line in pins if " @ " in line or "==" not in line]
     assert pins and not bad, bad
+
+
+def test_every_sembed_variable_in_the_deployment_files_is_a_setting():
+    import re
+
+    from service.settings import Settings
+
+    fields = {f"SEMBED_{name.upper()}" for name in Settings.model_fields}
+    named = set()
+    for path in ("Dockerfile", "docker-compose.yml", "k8s/deployment.yaml"):
+        named |= set(re.findall(r"\bSEMBED_[A-Z_]+\b", (REPO / path).read_text()))
+    named.discard("SEMBED_")
+    assert named and named <= fields, sorted(named - fields)

@@ -1,0 +1,40 @@
+"""The model registry: built from settings, looked up by name, one or several exports."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.metrics import Metrics
+from service.registry import ModelNotFound, ModelRegistry
+from service.settings import Settings
+
+
+def test_several_models_from_one_setting():
+    settings = Settings(backend="fake", models="small=exports/a, large=exports/b")
+    assert [(n, str(p)) for n, p in settings.model_dirs()] == [("small", "exports/a"), ("large", "exports/b")]
+    registry = ModelRegistry.from_settings(settings, Metrics())
+    try:
+        assert registry.names() == ["small", "large"] and registry.default == "small"
+        assert registry.get() is registry.get("small") and registry.get("large") is not registry.get("small")
+        assert registry.name_of(registry.get("large")) == "large" and registry.ready
+        with pytest.raises(ModelNotFound, match="no model named 'medium'"):
+            registry.get("medium")
+    finally:
+        registry.stop()
+    assert not registry.ready
+
+
+@pytest.mark.parametrize("spec", ["nodir", "a=x,a=y", "=x", "a="])
+def test_malformed_model_lists_are_refused_at_start(spec):
+    with pytest.raises(ValidationError):
+        Settings(models=spec)
+
+
+def test_the_default_is_the_single_export_under_its_own_name(default_export):
+    registry = ModelRegistry.from_settings(Settings(model_dir=default_export), Metrics())
+    try:
+        assert registry.names() == ["all-MiniLM-L6-v2"]
+        assert registry.get().info.dimension == 384
+    finally:
+        registry.stop()
