@@ -127,6 +127,9 @@ class Engine:
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
         n = len(texts)
+        if n > self.config.max_concurrent_requests:  # would wait for permits that can never be free
+            raise InvalidInput(f"{n} inputs in one request; this server holds at most "
+                               f"{self.config.max_concurrent_requests} in flight: split the request")
         if n > self._permits:
             self.metrics.rejected.inc()
             raise Overloaded(f"{self.in_flight} inputs in flight, room for {self._permits} more; "

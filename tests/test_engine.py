@@ -118,6 +118,8 @@ def test_no_permit_means_an_immediate_overloaded():
         await until(lambda: engine.in_flight == 3)
         with pytest.raises(Overloaded, match="retry"):
             await engine.embed(["d", "e"])
+        with pytest.raises(InvalidInput, match="at most 4 in flight"):  # never, not 'later'
+            await engine.embed(["x"] * 5)
         fits = asyncio.ensure_future(engine.embed(["f"]))
         await asyncio.sleep(0.01)
         backend.gate.set()
