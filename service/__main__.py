@@ -5,6 +5,7 @@ import logging
 import uvicorn
 
 from service.app import create_app
+from service.protocol import guarded_protocol
 from service.settings import Settings
 
 
@@ -17,7 +18,8 @@ def main() -> None:
                 raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
                                  "create one with `make export` or set SEMBED_MODEL_DIR")
     # No access log: uvicorn's costs the event loop about 7% of its time under load.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", access_log=False)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", access_log=False,
+                http=guarded_protocol(settings.header_timeout_s))
 
 
 if __name__ == "__main__":

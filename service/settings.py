@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     # --- request limits -------------------------------------------------------------------------
     max_client_batch_size: int = Field(256, ge=1, description="inputs per request (more: 422)")
     max_request_bytes: int = Field(2_000_000, ge=1024, description="request body size (more: 413); TEI's 2 MB")
+    header_timeout_s: float = Field(10.0, gt=0, description="request headers not complete by then: 408, closed")
     body_timeout_s: float = Field(30.0, gt=0, description="a body not fully received by then gets 408")
     auto_truncate: bool = Field(True, description="truncate inputs over max_seq_length tokens unless a "
                                 "request says truncate=false (then they get 422)")

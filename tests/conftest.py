@@ -84,7 +84,10 @@ class LiveServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.app = create_app(settings, registry)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        from service.protocol import guarded_protocol
+
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning",
+                                                    http=guarded_protocol(settings.header_timeout_s)))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

@@ -24,7 +24,8 @@ def fake():
     registry = ModelRegistry()
     registry.add("fake-a", Engine(backend, EngineConfig(max_concurrent_requests=8, max_batch_wait_ms=0)))
     registry.add("fake-b", Engine(other))
-    settings = Settings(backend="fake", max_request_bytes=4096, body_timeout_s=0.5, max_client_batch_size=16)
+    settings = Settings(backend="fake", max_request_bytes=4096, body_timeout_s=0.5, header_timeout_s=0.5,
+                        max_client_batch_size=16)
     with LiveServer(settings, registry) as server:
         server.backend = backend
         yield server
@@ -92,6 +93,18 @@ def test_a_body_that_never_finishes_gets_408(fake):
                                   b"Content-Length: 100\r\n\r\n{\"inputs\": ")
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive" in reply
     assert time.monotonic() - start < 5
+
+
+def test_headers_that_never_finish_get_408_and_the_connection_closes(fake):
+    start = time.monotonic()
+    reply = raw_request(fake.url, b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+    assert reply.startswith(b"HTTP/1.1 408") and b"headers too slow" in reply
+    assert time.monotonic() - start < 5
+    # a healthy keep-alive connection is not cut between its requests by the header deadline
+    with httpx.Client(base_url=fake.url) as c:
+        for _ in range(3):
+            assert c.post("/embed", json={"inputs": "x"}).status_code == 200
+            time.sleep(0.3)
 
 
 def test_clients_that_disconnect_take_their_texts_with_them(fake, client):

@@ -1,0 +1,52 @@
+"""uvicorn's HTTP protocol with a deadline on request headers.
+
+uvicorn times out idle keep-alive connections but not a client that starts a request and never
+finishes its headers: such connections pile up until the server runs out of them. The body has
+its own deadline in the request guard; this one covers everything before the request reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._header_timer is None:  # the next request on a kept-alive connection
+                self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                     b"connection: close\r\ncontent-length: 62\r\n\r\n"
+                                     b'{"error":"request headers too slow","error_type":"Validation"}')
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
