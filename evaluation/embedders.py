@@ -123,7 +123,7 @@ class ServiceEmbedder:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         rows: list[list[float]] = []
         for part in self.client.chunks([texts[i][:MAX_TEXT_CHARS] for i in order]):
-            got = self.client.request("POST", "/embed", {"inputs": part, "normalize": True})["embeddings"]
+            got = self.client.request("POST", "/embed", {"inputs": part, "normalize": True})
             if len(got) != len(part):
                 raise ServiceError(f"asked for {len(part)} embeddings, got {len(got)}")
             rows += got

@@ -22,7 +22,7 @@ from service.index import FaissIndex
 from service.metrics import Metrics
 from service.middleware import RequestGuard
 from service.registry import ModelRegistry
-from service.routes import native, openai, ops
+from service.routes import index, openai, ops, tei
 from service.settings import Settings
 
 log = logging.getLogger("sembed")
@@ -61,7 +61,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     for kind in (ApiError, EngineError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
-    app.include_router(native.router)
+    app.include_router(tei.router)
+    app.include_router(index.router)
     app.include_router(openai.router)
     app.include_router(ops.router)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,

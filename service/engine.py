@@ -90,8 +90,8 @@ class Engine:
         budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
         self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
                                 config.max_batch_wait_ms / 1000, backend.info.max_seq_length)
-        workers = config.tokenization_workers or min(4, os.cpu_count() or 1)
-        self._tokenizers = ThreadPoolExecutor(workers, thread_name_prefix="tokenize")
+        self.tokenization_workers = config.tokenization_workers or min(4, os.cpu_count() or 1)
+        self._tokenizers = ThreadPoolExecutor(self.tokenization_workers, thread_name_prefix="tokenize")
         self._permits = config.max_concurrent_requests
         self._thread: threading.Thread | None = None
         self._accepting = False
@@ -123,7 +123,7 @@ class Engine:
 
     # --- the request path (event loop) ------------------------------------------------------------
     async def embed(self, texts: list[str], *, normalize: bool = True, truncate: bool | None = None,
-                    timeout_s: float | None = None) -> EmbedResult:
+                    truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
         n = len(texts)
@@ -146,9 +146,10 @@ class Engine:
             start = time.perf_counter()
             try:
                 if pooled:
-                    items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate)
+                    items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate,
+                                                       truncation_direction)
                 else:
-                    items = self._tokenize(texts, truncate)
+                    items = self._tokenize(texts, truncate, truncation_direction)
             finally:
                 tokenization_s = time.perf_counter() - start
             future = loop.create_future()
@@ -172,14 +173,18 @@ class Engine:
                 self.queue.unexpect()
             self._permits += n
 
-    def _tokenize(self, texts: list[str], truncate: bool) -> list[Tokenized]:
-        """In a pool thread. Every input is checked here, before it can share a pass with others."""
+    def check_texts(self, texts: list[str]) -> None:
+        """Refuse text no tokenizer can take (a lone UTF-16 surrogate) with the index of the culprit."""
         for i, text in enumerate(texts):
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
                 raise InvalidInput(f"inputs[{i}] is not valid Unicode: {e.reason} at character {e.start}") from None
-        items = self.backend.tokenize(texts)
+
+    def _tokenize(self, texts: list[str], truncate: bool, truncation_direction: str = "right") -> list[Tokenized]:
+        """Every input is checked here, before it can share a pass with others."""
+        self.check_texts(texts)
+        items = self.backend.tokenize(texts, truncation_direction)
         if not truncate:
             limit = self.info.max_seq_length
             for i, item in enumerate(items):

@@ -1,10 +1,10 @@
-"""Request and response bodies of the native routes. Limits that depend on settings are checked in the routes."""
+"""Request and response bodies: TEI's, the index's, OpenAI's. Limits set by settings are checked in the routes."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Request(BaseModel):
@@ -15,12 +15,36 @@ def _as_list(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else value
 
 
-class EmbedRequest(_Request):
+class _TeiRequest(BaseModel):
+    # TEI ignores fields it does not know; huggingface_hub's InferenceClient sends `parameters`.
+    model_config = ConfigDict(extra="ignore")
+
+    parameters: dict[str, Any] | None = Field(None, description="huggingface_hub's InferenceClient puts "
+                                              "options here; they count as top-level fields")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift_parameters(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("parameters"), dict):
+            data = {**{k: v for k, v in data["parameters"].items() if v is not None}, **data}
+        return data
+
+
+TruncationDirection = Literal["Right", "Left", "right", "left"]
+
+
+class EmbedRequest(_TeiRequest):
+    """TEI's /embed body."""
+
     inputs: str | list[str] = Field(description="one text or a list of texts",
-                                     examples=[["A man is playing a guitar."]])
+                                    examples=[["A man is playing a guitar."]])
     normalize: bool = Field(True, description="L2-normalise the embeddings")
     truncate: bool | None = Field(None, description="cut inputs over the model's max_seq_length tokens; "
                                   "false: such inputs get 422; unset: the server's auto_truncate")
+    truncation_direction: TruncationDirection = Field("Right", description="which end a cut removes")
+    dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions (Matryoshka), "
+                                   "renormalised when normalize is true")
+    prompt_name: str | None = Field(None, description="not supported: exports carry no prompts")
 
     @field_validator("inputs")
     @classmethod
@@ -34,20 +58,52 @@ class EmbedRequest(_Request):
         return _as_list(self.inputs)
 
 
-class EmbedResponse(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
-    embeddings: list[list[float]]
-    model: str
-    dim: int
-
-
-class SimilarityRequest(_Request):
+class SimilarityInputs(BaseModel):
     source_sentence: str = Field(examples=["A man is playing a guitar."])
     sentences: list[str] = Field(min_length=1, examples=[["A person plays the guitar.", "Stocks fell sharply."]])
 
 
-class SimilarityResponse(BaseModel):
-    scores: list[float] = Field(description="cosine similarity of each sentence to the source, in order")
+class SimilarityRequest(_TeiRequest):
+    """TEI's /similarity body (the Hugging Face sentence-similarity task)."""
+
+    inputs: SimilarityInputs
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+
+
+class RerankRequest(_TeiRequest):
+    """TEI's /rerank body; a bi-encoder export scores each text by cosine similarity to the query."""
+
+    query: str = Field(examples=["What is Deep Learning?"])
+    texts: list[str] = Field(min_length=1, examples=[["Deep Learning is a kind of machine learning.", "Cheese."]])
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    raw_scores: bool = Field(False, description="accepted for TEI clients; cosine scores are the raw scores")
+    return_text: bool = False
+
+
+class RerankHit(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TokenizeRequest(_TeiRequest):
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return _as_list(self.inputs)
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 class DocumentIn(_Request):

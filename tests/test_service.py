@@ -27,15 +27,14 @@ def test_embed_returns_unit_vectors_of_the_model_dimension(client):
     r = client.post("/embed", content=b'{"inputs":["A man is playing a guitar."]}',
                     headers={"content-type": "application/json", "accept": "application/json"})
     assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["dim"] == 384 and body["model"] == "all-MiniLM-L6-v2"
-    assert len(body["embeddings"]) == 1 and len(body["embeddings"][0]) == 384
-    assert np.linalg.norm(body["embeddings"][0]) == pytest.approx(1.0, abs=1e-5)
+    body = r.json()  # TEI's shape: a bare list of vectors
+    assert len(body) == 1 and len(body[0]) == 384
+    assert np.linalg.norm(body[0]) == pytest.approx(1.0, abs=1e-5)
 
 
 def vectors(response) -> np.ndarray:
     """float32 as served: the JSON carries the shortest decimal that reads back to the same float32."""
-    return np.asarray(response.json()["embeddings"], dtype=np.float32)
+    return np.asarray(response.json(), dtype=np.float32)
 
 
 def test_embed_single_string_and_order(client, default_export):
@@ -50,17 +49,17 @@ def test_embed_single_string_and_order(client, default_export):
 
 
 def test_embed_without_normalisation(client):
-    raw = np.array(client.post("/embed", json={"inputs": [GUITAR], "normalize": False}).json()["embeddings"][0])
-    unit = np.array(client.post("/embed", json={"inputs": [GUITAR]}).json()["embeddings"][0])
+    raw = np.array(client.post("/embed", json={"inputs": [GUITAR], "normalize": False}).json()[0])
+    unit = np.array(client.post("/embed", json={"inputs": [GUITAR]}).json()[0])
     assert abs(np.linalg.norm(raw) - 1) > 1e-3
     assert np.abs(raw / np.linalg.norm(raw) - unit).max() < 1e-5
 
 
 def test_similarity_ranks_paraphrase_above_unrelated(client):
-    r = client.post("/similarity", json={"source_sentence": GUITAR,
-                                         "sentences": ["A person plays the guitar.", "Stocks fell sharply on Monday."]})
+    r = client.post("/similarity", json={"inputs": {"source_sentence": GUITAR, "sentences": [
+        "A person plays the guitar.", "Stocks fell sharply on Monday."]}})
     assert r.status_code == 200
-    paraphrase, unrelated = r.json()["scores"]
+    paraphrase, unrelated = r.json()
     assert paraphrase > 0.7 and unrelated < 0.2 and paraphrase > unrelated
 
 
@@ -103,8 +102,13 @@ def test_readding_an_id_replaces_it_and_delete_removes_it(client, empty_index):
         ("/embed", b'{"input": ["misspelt field"]}'),
         ("/embed", b'[1, 2]'),
         ("/embed", b''),
-        ("/similarity", b'{"source_sentence": "a", "sentences": []}'),
-        ("/similarity", b'{"sentences": ["a"]}'),
+        ("/similarity", b'{"inputs": {"source_sentence": "a", "sentences": []}}'),
+        ("/similarity", b'{"inputs": {"sentences": ["a"]}}'),
+        ("/similarity", b'{"source_sentence": "a", "sentences": ["b"]}'),
+        ("/rerank", b'{"query": "a", "texts": []}'),
+        ("/tokenize", b'{"inputs": 3}'),
+        ("/", b'{"inputs": {"source_sentence": "a"}}'),
+        ("/", b'{"inputs": []}'),
         ("/search", b'{"query": "a", "k": 0}'),
         ("/search", b'{"query": "a", "k": "ten"}'),
         ("/search", b'{"query": []}'),
@@ -141,7 +145,10 @@ SURROGATE = rb'"bad \ud800 text"'  # JSON's escape for a lone UTF-16 surrogate
 
 @pytest.mark.parametrize(("path", "body"), [
     ("/embed", b'{"inputs": ["fine", %s]}'),
-    ("/similarity", b'{"source_sentence": %s, "sentences": ["fine"]}'),
+    ("/similarity", b'{"inputs": {"source_sentence": %s, "sentences": ["fine"]}}'),
+    ("/rerank", b'{"query": "q", "texts": ["fine", %s]}'),
+    ("/tokenize", b'{"inputs": %s}'),
+    ("/", b'{"inputs": %s}'),
     ("/search", b'{"query": %s}'),
     ("/index/documents", b'{"documents": [{"id": "x", "text": %s}]}'),
     ("/v1/embeddings", b'{"input": [%s]}'),
@@ -187,8 +194,8 @@ def test_ops_endpoints(client):
 
 def test_openapi_documents_every_endpoint(client):
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/embed", "/similarity", "/search", "/index/documents", "/healthz", "/readyz", "/metrics", "/info",
-                 "/health", "/v1/embeddings", "/v1/models"):
+    for path in ("/embed", "/similarity", "/rerank", "/tokenize", "/", "/search", "/index/documents", "/healthz",
+                 "/readyz", "/metrics", "/info", "/health", "/v1/embeddings", "/v1/models"):
         assert path in paths
     assert "EmbedRequest" in str(paths["/embed"])
 
@@ -201,7 +208,7 @@ def test_concurrent_requests_share_batches_and_keep_their_rows(live_service):
             before = _histogram_count(await c.get("/metrics"))
             rs = await asyncio.gather(*(c.post("/embed", json={"inputs": [t]}) for t in texts))
             after = _histogram_count(await c.get("/metrics"))
-            return [r.json()["embeddings"][0] for r in rs], after - before
+            return [r.json()[0] for r in rs], after - before
 
     got, forward_passes = asyncio.run(run())
     alone = [vectors(httpx.post(f"{live_service.url}/embed", json={"inputs": [t]}, timeout=60))[0] for t in texts]

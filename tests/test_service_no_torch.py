@@ -13,7 +13,7 @@ from service.app import create_app
 from service.settings import Settings
 with TestClient(create_app(Settings(model_dir={str(default_export)!r}))) as c:
     r = c.post("/embed", json={{"inputs": ["hello"]}})
-    assert r.status_code == 200 and len(r.json()["embeddings"][0]) == 384, r.text
+    assert r.status_code == 200 and len(r.json()[0]) == 384, r.text
     c.post("/index/documents", json={{"documents": [{{"id": "1", "text": "hello"}}]}})
     assert c.post("/search", json={{"query": "hello"}}).json()["results"][0][0]["id"] == "1"
 print("ok")

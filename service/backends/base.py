@@ -42,8 +42,12 @@ class BackendInfo:
 class Backend(Protocol):
     info: BackendInfo
 
-    def tokenize(self, texts: list[str]) -> list[Tokenized]:
-        """Truncated to info.max_seq_length; `original_tokens` keeps the untruncated count."""
+    def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
+        """Truncated to info.max_seq_length, cutting the end (right) or the start (left);
+        `original_tokens` keeps the untruncated count."""
+
+    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict[str, Any]]]:
+        """TEI's /tokenize answer: per text, each token's id, text, special flag and character span."""
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim]."""

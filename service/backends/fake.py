@@ -31,14 +31,32 @@ class FakeBackend:
         self.padded_tokens: list[int] = []  # rows × seq_len of each pass
         self.healthy = True
 
-    def tokenize(self, texts: list[str]) -> list[Tokenized]:
+    def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
+        out, keep = [], self.info.max_seq_length - 2
+        for text in texts:
+            words = [self._id(w) for w in text.split()]
+            if len(words) > keep:
+                words = words[-keep:] if truncation_direction == "left" else words[:keep]
+            out.append(Tokenized([CLS, *words, SEP], None, len(text.split()) + 2))
+        return out
+
+    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         out = []
         for text in texts:
-            words = [FAIL if w == "FAIL" else 1000 + zlib.crc32(w.encode()) % 30000 for w in text.split()]
-            ids = [CLS, *words, SEP]
-            out.append(Tokenized(ids[: self.info.max_seq_length - 1] + [SEP] if len(ids) > self.info.max_seq_length
-                                 else ids, None, len(ids)))
+            tokens, start = [], 0
+            for word in text.split():
+                start = text.index(word, start)
+                tokens.append({"id": self._id(word), "text": word, "special": False, "start": start,
+                               "stop": start + len(word)})
+                start += len(word)
+            special = [{"id": i, "text": t, "special": True, "start": None, "stop": None}
+                       for i, t in ((CLS, "[CLS]"), (SEP, "[SEP]"))]
+            out.append([special[0], *tokens, special[1]] if add_special_tokens else tokens)
         return out
+
+    @staticmethod
+    def _id(word: str) -> int:
+        return FAIL if word == "FAIL" else 1000 + zlib.crc32(word.encode()) % 30000
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         self.gate.wait()

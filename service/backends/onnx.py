@@ -47,6 +47,9 @@ class OnnxBackend:
         self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
         self.tokenizer.no_padding()  # the queue pads, to the length the whole batch needs
         self.tokenizer.enable_truncation(max_length=max_len)
+        self._tokenizer_left = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+        self._tokenizer_left.no_padding()
+        self._tokenizer_left.enable_truncation(max_length=max_len, direction="left")
         self.pad_id = self.manifest.pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self._needs_type_ids = "token_type_ids" in self.manifest.inputs
@@ -85,13 +88,22 @@ class OnnxBackend:
                                 manifest=self.manifest.model_dump(mode="json"))
 
     # --- the Backend interface --------------------------------------------------------------
-    def tokenize(self, texts: list[str]) -> list[Tokenized]:
+    def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
+        tokenizer = self._tokenizer_left if truncation_direction == "left" else self.tokenizer
         out = []
-        for enc in self.tokenizer.encode_batch(texts):
+        for enc in tokenizer.encode_batch(texts):
             original = len(enc.ids)
             if enc.overflowing:  # every overflow piece repeats the special tokens: count the text's own
                 original += sum(len(o.ids) - sum(o.special_tokens_mask) for o in enc.overflowing)
             out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
+        return out
+
+    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
+        out = []
+        for text, enc in zip(texts, self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)):
+            out.append([{"id": i, "text": text[a:b] if not special else tok, "special": bool(special),
+                         "start": None if special else a, "stop": None if special else b}
+                        for i, tok, special, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
         return out
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -54,11 +54,26 @@ async def metrics(request: Request):
 
 @router.get("/info")
 async def info(request: Request):
-    """The default model's manifest, the models served, the index size and the request limits."""
+    """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
     registry = _registry(request)
     s = settings(request)
     engine = registry.get()
+    manifest = engine.info.manifest
     return {
+        "model_id": engine.info.manifest.get("base_model", engine.info.model),
+        "model_sha": manifest.get("onnx_sha256"),
+        "model_dtype": "float32",
+        "model_type": {"embedding": {"pooling": manifest.get("pooling", "mean")}},
+        "max_concurrent_requests": s.max_concurrent_requests,
+        "max_input_length": engine.info.max_seq_length,
+        "max_batch_tokens": engine.queue.max_batch_tokens,
+        "max_batch_requests": s.max_batch_requests,
+        "max_client_batch_size": s.max_client_batch_size,
+        "auto_truncate": s.auto_truncate,
+        "tokenization_workers": engine.tokenization_workers,
+        "version": request.app.version,
+        "sha": None,
+        "docker_label": None,
         "manifest": engine.info.manifest,
         "models": registry.names(),
         "device": engine.info.device,

@@ -1,0 +1,93 @@
+"""The text-embeddings-inference API, shape for shape: /embed, /similarity, /rerank, /tokenize, and
+POST / (huggingface_hub's InferenceClient posts both of its tasks to the bare URL)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from service import schemas
+from service.errors import ApiError
+from service.routes.common import JSON, check_batch, engine, timing_headers
+
+router = APIRouter(tags=["embeddings"])
+ERRORS = {code: {"model": schemas.ErrorResponse} for code in (413, 415, 422, 424, 429, 503)}
+
+
+async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
+                      truncate: bool | None = None, direction: str = "Right"):
+    check_batch(request, len(texts), field)
+    return await engine(request).embed(texts, normalize=normalize, truncate=truncate,
+                                       truncation_direction=direction.lower())
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None, dim: int, normalize: bool) -> np.ndarray:
+    """The first `dimensions` components, renormalised (Matryoshka-trained models keep their meaning)."""
+    if dimensions is None or dimensions == dim:
+        return vectors
+    if dimensions > dim:
+        raise ApiError(422, f"dimensions={dimensions} exceeds the model's {dim}", "Validation", param="dimensions")
+    cut = vectors[:, :dimensions]
+    return cut / np.linalg.norm(cut, axis=1, keepdims=True).clip(min=1e-12) if normalize else cut
+
+
+@router.post("/embed", response_model=list[list[float]], responses=ERRORS)
+async def embed(req: schemas.EmbedRequest, request: Request):
+    """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array)."""
+    if req.prompt_name is not None:
+        raise ApiError(422, "prompt_name is not supported: this export defines no prompts", "Validation",
+                       param="prompt_name")
+    start = time.perf_counter()
+    result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
+                               direction=req.truncation_direction)
+    vectors = matryoshka(result.vectors, req.dimensions, engine(request).info.dimension, req.normalize)
+    return JSON(vectors, headers=timing_headers(result, time.perf_counter() - start))
+
+
+@router.post("/similarity", response_model=list[float], responses=ERRORS)
+async def similarity(req: schemas.SimilarityRequest, request: Request):
+    """Cosine similarity between inputs.source_sentence and each of inputs.sentences, in order."""
+    texts = [req.inputs.source_sentence, *req.inputs.sentences]
+    result = await embed_texts(request, texts, "sentences", truncate=req.truncate, direction=req.truncation_direction)
+    return JSON(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
+
+
+@router.post("/rerank", response_model=list[schemas.RerankHit], responses=ERRORS)
+async def rerank(req: schemas.RerankRequest, request: Request):
+    """The texts ranked by cosine similarity to the query, best first, each with its input index."""
+    result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
+                               direction=req.truncation_direction)
+    scores = result.vectors[1:] @ result.vectors[0]
+    order = np.argsort(-scores, kind="stable")
+    hits = [{"index": int(i), "score": float(scores[i]), **({"text": req.texts[i]} if req.return_text else {})}
+            for i in order]
+    return JSON(hits, headers=timing_headers(result))
+
+
+@router.post("/tokenize", response_model=list[list[schemas.Token]], responses=ERRORS)
+async def tokenize(req: schemas.TokenizeRequest, request: Request):
+    """The model's tokens for each input, with character spans (special tokens have none)."""
+    check_batch(request, len(req.texts), "inputs")
+    model = engine(request)
+    model.check_texts(req.texts)
+    return JSON(await run_in_threadpool(model.backend.token_details, req.texts, req.add_special_tokens))
+
+
+@router.post("/", responses=ERRORS, include_in_schema=True, summary="Embed or compare, by the body's shape")
+async def predict(request: Request):
+    """`{"inputs": str | [str]}` embeds (as /embed); `{"inputs": {"source_sentence", "sentences"}}`
+    compares (as /similarity). This is where huggingface_hub's InferenceClient sends both tasks."""
+    body = await request.json()
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    try:
+        if isinstance(inputs, dict):
+            return await similarity(schemas.SimilarityRequest.model_validate(body), request)
+        return await embed(schemas.EmbedRequest.model_validate(body), request)
+    except ValidationError as e:
+        raise RequestValidationError(jsonable_encoder(e.errors(include_url=False))) from None
