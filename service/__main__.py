@@ -12,6 +12,11 @@ from service.settings import Settings
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    access = logging.getLogger("sembed.access")  # bare JSON lines, for log shippers
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
     if settings.backend == "onnx":
         for _, export_dir in settings.model_dirs():
             if not (export_dir / "manifest.json").is_file():

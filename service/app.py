@@ -1,6 +1,6 @@
 """The application: a model registry and an index built at start, the guard, three routers.
 
-    request → RequestGuard (id, JSON-only, body limits, disconnects, metrics)
+    request → [CORS] → RequestGuard (id, API key, JSON-only, body limits, disconnects, metrics, access log)
             → router (native / OpenAI / ops: validate, shape) → registry → engine → backend
 """
 
@@ -12,10 +12,12 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.auth import ApiKeys
 from service.engine import EngineError
 from service.errors import ApiError, error_body, to_api_error
 from service.index import FaissIndex
@@ -65,6 +67,11 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     app.include_router(index.router)
     app.include_router(openai.router)
     app.include_router(ops.router)
+    keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, metrics_public=settings.metrics_public)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s, keys=keys, access_log=settings.access_log)
+    if settings.cors_origins:  # outermost: a browser's preflight is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=[o.strip() for o in settings.cors_origins.split(",")],
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["x-request-id", "x-compute-time", "x-total-time"], max_age=600)
     return app

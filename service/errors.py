@@ -42,8 +42,8 @@ _ENGINE_ERRORS: list[tuple[type[Exception], int, str]] = [
 ]
 _OPENAI_TYPES = {"Overloaded": "rate_limit_error", "Unhealthy": "server_error", "Backend": "server_error",
                  "Internal": "server_error"}  # the rest: invalid_request_error
-
-_OPENAI_CODES = {"NotFound": "model_not_found", "Overloaded": "rate_limit_exceeded", "Validation": "invalid_request"}
+_OPENAI_CODES = {"Unauthorized": "invalid_api_key", "NotFound": "model_not_found",
+                 "Overloaded": "rate_limit_exceeded", "Validation": "invalid_request"}
 
 
 def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:

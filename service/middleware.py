@@ -6,12 +6,14 @@
 - the body is read here under a byte limit (413 before anything is parsed) and a deadline (408
   for a client that never finishes sending);
 - a client that disconnects cancels its request, which drops its rows from the queue;
-- every request is counted by route and status (499: the client left).
+- API keys, when set (service/auth.py);
+- every request is counted by route and status (499: the client left) and logged as one JSON line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -19,8 +21,11 @@ import uuid
 import orjson
 from starlette.routing import Match
 
+from service.auth import ApiKeys
 from service.errors import ApiError, error_body
 from service.metrics import Metrics
+
+access = logging.getLogger("sembed.access")
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _JSON = re.compile(rb"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
@@ -29,8 +34,11 @@ CLIENT_CLOSED = 499
 
 
 class RequestGuard:
-    def __init__(self, app, *, metrics: Metrics, router, max_body_bytes: int, body_timeout_s: float):
+    def __init__(self, app, *, metrics: Metrics, router, max_body_bytes: int, body_timeout_s: float,
+                 keys: ApiKeys | None = None, access_log: bool = False):
         self.app = app
+        self.keys = keys or ApiKeys([])
+        self.access_log = access_log
         self.metrics = metrics
         self.router = router
         self.max_body_bytes = max_body_bytes
@@ -54,6 +62,10 @@ class RequestGuard:
             await send(message)
 
         try:
+            refused = self.keys.check(scope["path"], headers.get(b"authorization"))
+            if refused is not None:
+                await self._reply(scope, send_with_id, refused, request_id)
+                return
             body = b""
             if scope["method"] in _BODY_METHODS:
                 problem = self._check_headers(headers)
@@ -66,8 +78,14 @@ class RequestGuard:
             await self._run_app(scope, receive, send_with_id, body)
         finally:
             route = self._route_path(scope)
+            seconds = time.perf_counter() - start
             self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+            self.metrics.request_seconds.labels(route).observe(seconds)
+            if self.access_log:
+                client = scope.get("client") or ("", 0)
+                access.info(orjson.dumps({"request_id": request_id, "method": scope["method"], "path": scope["path"],
+                                          "route": route, "status": status, "ms": round(seconds * 1000, 3),
+                                          "client": client[0]}).decode())
 
     def _check_headers(self, headers: dict[bytes, bytes]) -> ApiError | None:
         length = headers.get(b"content-length")

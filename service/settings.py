@@ -51,6 +51,15 @@ class Settings(BaseSettings):
     tokenization_workers: int = Field(0, ge=0, description="0 = one per core, at most 4")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
 
+    # --- access ---------------------------------------------------------------------------------
+    api_keys: str | None = Field(None, description="comma-separated keys; set, every route but the probes "
+                                 "needs Authorization: Bearer <key>")
+    api_keys_file: Path | None = Field(None, description="more keys, one per line (a mounted secret)")
+    metrics_public: bool = Field(True, description="false: /metrics needs a key too")
+    cors_origins: str | None = Field(None, description="comma-separated origins allowed to call from a browser "
+                                     "('*' for any); unset: no CORS headers")
+    access_log: bool = Field(True, description="one JSON line per request: id, method, path, status, time")
+
     index_path: Path | None = Field(None, description="persist the search index here (loaded at start)")
 
     @field_validator("models")

@@ -1,0 +1,51 @@
+"""API keys: `Authorization: Bearer <key>` on every route but the probes (and, if so set, metrics).
+
+Keys come from settings and/or a file (one per line, `#` comments), so a Kubernetes secret can be
+mounted rather than put in the environment. Every key is compared in constant time, and all of
+them are always compared, so the answer's timing tells nothing about how close a guess was.
+With no key configured the service is open, as TEI is without `--api-key`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from service.errors import ApiError
+
+#: liveness, readiness and health stay public: orchestrators probe them without credentials
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str], *, metrics_public: bool = True):
+        self._keys = [k.encode() for k in keys if k]
+        self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())
+
+    @classmethod
+    def load(cls, keys: str | None, keys_file: Path | None, *, metrics_public: bool = True) -> ApiKeys:
+        found = [k.strip() for k in (keys or "").split(",")]
+        if keys_file is not None:
+            lines = Path(keys_file).read_text().splitlines()
+            found += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        return cls([k for k in found if k], metrics_public=metrics_public)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, path: str, authorization: bytes | None) -> ApiError | None:
+        if not self._keys or path in self.public:
+            return None
+        scheme, _, token = (authorization or b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return self._refuse("missing API key: send Authorization: Bearer <key>")
+        token = token.strip()
+        matched = False
+        for key in self._keys:  # no early exit
+            matched |= hmac.compare_digest(token, key)
+        return None if matched else self._refuse("invalid API key")
+
+    @staticmethod
+    def _refuse(message: str) -> ApiError:
+        return ApiError(401, message, "Unauthorized", headers={"WWW-Authenticate": 'Bearer realm="sembed"'})
