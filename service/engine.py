@@ -122,8 +122,9 @@ class Engine:
         self._tokenizers.shutdown(wait=True)
 
     # --- the request path (event loop) ------------------------------------------------------------
-    async def embed(self, texts: list[str], *, normalize: bool = True, truncate: bool | None = None,
+    async def embed(self, texts: list[str] | list[list[int]], *, normalize: bool = True, truncate: bool | None = None,
                     truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
+        """Texts, or inputs already tokenised as the model's own token ids (taken as they are)."""
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
         n = len(texts)
@@ -136,7 +137,8 @@ class Engine:
                              f"this request has {n}: retry shortly")
         self._permits -= n
         # Small requests are tokenised right here: a thread hop costs more than their tokenisation.
-        pooled = sum(map(len, texts)) > INLINE_TOKENIZATION_CHARS
+        given_ids = bool(texts) and not isinstance(texts[0], str)
+        pooled = not given_ids and sum(map(len, texts)) > INLINE_TOKENIZATION_CHARS
         if pooled:
             self.queue.expect()
         queued = False
@@ -145,7 +147,9 @@ class Engine:
             truncate = self.config.auto_truncate if truncate is None else truncate
             start = time.perf_counter()
             try:
-                if pooled:
+                if given_ids:
+                    items = self._from_ids(texts, truncate)
+                elif pooled:
                     items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate,
                                                        truncation_direction)
                 else:
@@ -172,6 +176,19 @@ class Engine:
             if pooled and not queued:
                 self.queue.unexpect()
             self._permits += n
+
+    def _from_ids(self, inputs: list[list[int]], truncate: bool) -> list[Tokenized]:
+        limit, vocab = self.info.max_seq_length, self.info.vocab_size
+        items = []
+        for i, ids in enumerate(inputs):
+            if not ids:
+                raise InvalidInput(f"inputs[{i}] is an empty list of token ids")
+            if vocab is not None and not all(0 <= t < vocab for t in ids):
+                raise InvalidInput(f"inputs[{i}] holds token ids outside the model's vocabulary of {vocab}")
+            if len(ids) > limit and not truncate:
+                raise InputTooLong(f"inputs[{i}] has {len(ids)} tokens; the model takes at most {limit}")
+            items.append(Tokenized(list(ids[:limit]), None, len(ids)))
+        return items
 
     def check_texts(self, texts: list[str]) -> None:
         """Refuse text no tokenizer can take (a lone UTF-16 surrogate) with the index of the culprit."""

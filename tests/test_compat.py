@@ -85,6 +85,13 @@ def test_the_openai_client(live_service, client):
     assert np.array_equal(np.asarray(floats.data[0].embedding, dtype=np.float32), expected[0])
     short = api.embeddings.create(input=GUITAR, model="all-MiniLM-L6-v2", dimensions=64)
     assert len(short.data[0].embedding) == 64 and np.linalg.norm(short.data[0].embedding) == pytest.approx(1, 1e-5)
+    ids = [t["id"] for t in client.post("/tokenize", json={"inputs": GUITAR}).json()[0]]
+    from_ids = api.embeddings.create(input=[ids, ids[:4]], model="all-MiniLM-L6-v2")
+    assert np.array_equal(np.asarray(from_ids.data[0].embedding, dtype=np.float32), expected[0])
+    assert from_ids.usage.prompt_tokens == len(ids) + 4
+    for bad in ([10**7], [[]]):
+        with pytest.raises(UnprocessableEntityError):
+            api.embeddings.create(input=bad, model="all-MiniLM-L6-v2")
     with pytest.raises(NotFoundError, match="no model named") as missing:
         api.embeddings.create(input="x", model="text-embedding-3-small")
     assert missing.value.code == "model_not_found" and missing.value.type == "invalid_request_error"

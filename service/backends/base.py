@@ -37,6 +37,7 @@ class BackendInfo:
     max_seq_length: int
     device: str  # "cpu" | "cuda"
     manifest: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None  # token ids a client sends must be below it
 
 
 class Backend(Protocol):

@@ -22,7 +22,8 @@ class FakeBackend:
     def __init__(self, name: str = "fake", dimension: int = 8, max_seq_length: int = 32,
                  pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0):
         self.info = BackendInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
-                                manifest={"name": name, "dimension": dimension, "max_seq_length": max_seq_length})
+                                manifest={"name": name, "dimension": dimension, "max_seq_length": max_seq_length},
+                                vocab_size=31000)
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seconds_per_token = seconds_per_token
         self.gate = threading.Event()

@@ -85,7 +85,8 @@ class OnnxBackend:
             self.pad_to_multiple_of = 8 if device == "cuda" else self.calibrate_padding()
         self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device,
-                                manifest=self.manifest.model_dump(mode="json"))
+                                manifest=self.manifest.model_dump(mode="json"),
+                                vocab_size=self.tokenizer.get_vocab_size())
 
     # --- the Backend interface --------------------------------------------------------------
     def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:

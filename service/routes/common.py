@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
@@ -55,3 +56,13 @@ def timing_headers(result: EmbedResult, total_s: float | None = None) -> dict[st
     if total_s is not None:
         headers["x-total-time"] = f"{total_s * 1000:.3f}"
     return headers
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None, dim: int, normalize: bool) -> np.ndarray:
+    """The first `dimensions` components, renormalised (Matryoshka-trained models keep their meaning)."""
+    if dimensions is None or dimensions == dim:
+        return vectors
+    if dimensions > dim:
+        raise ApiError(422, f"dimensions={dimensions} exceeds the model's {dim}", "Validation", param="dimensions")
+    cut = vectors[:, :dimensions]
+    return cut / np.linalg.norm(cut, axis=1, keepdims=True).clip(min=1e-12) if normalize else cut

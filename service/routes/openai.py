@@ -1,4 +1,8 @@
-"""The OpenAI embeddings API: POST /v1/embeddings and GET /v1/models, with OpenAI's error body."""
+"""The OpenAI embeddings API: POST /v1/embeddings and GET /v1/models, with OpenAI's error body.
+
+`input` may be token ids, as OpenAI allows; here they are the served model's own tokenizer's ids
+(what /tokenize returns), taken as they are: special tokens included if the client put them in.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from service import schemas
-from service.errors import ApiError
-from service.routes.common import JSON, check_batch, registry, timing_headers
+from service.routes.common import JSON, check_batch, matryoshka, registry, timing_headers
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -18,19 +21,13 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 @router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)
 async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     start = time.perf_counter()
-    texts = [req.input] if isinstance(req.input, str) else req.input
-    if not all(isinstance(t, str) for t in texts):
-        raise ApiError(422, "token-id input is not supported: send the texts", "Unsupported", param="input")
+    texts = req.input
+    if isinstance(texts, str) or isinstance(texts[0], int):  # one text, or one input as token ids
+        texts = [texts]
     check_batch(request, len(texts), "input")
     engine = registry(request).get(req.model)
     result = await engine.embed(texts, normalize=True)
-    vectors = result.vectors
-    if req.dimensions is not None:
-        if req.dimensions > engine.info.dimension:
-            raise ApiError(422, f"dimensions={req.dimensions} exceeds the model's {engine.info.dimension}",
-                           "Validation", param="dimensions")
-        vectors = vectors[:, : req.dimensions]
-        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+    vectors = matryoshka(result.vectors, req.dimensions, engine.info.dimension, normalize=True)
     if req.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
         rows = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
     else:

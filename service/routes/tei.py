@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import schemas
 from service.errors import ApiError
-from service.routes.common import JSON, check_batch, engine, timing_headers
+from service.routes.common import JSON, check_batch, engine, matryoshka, timing_headers
 
 router = APIRouter(tags=["embeddings"])
 ERRORS = {code: {"model": schemas.ErrorResponse} for code in (413, 415, 422, 424, 429, 503)}
@@ -25,16 +25,6 @@ async def embed_texts(request: Request, texts: list[str], field: str, *, normali
     check_batch(request, len(texts), field)
     return await engine(request).embed(texts, normalize=normalize, truncate=truncate,
                                        truncation_direction=direction.lower())
-
-
-def matryoshka(vectors: np.ndarray, dimensions: int | None, dim: int, normalize: bool) -> np.ndarray:
-    """The first `dimensions` components, renormalised (Matryoshka-trained models keep their meaning)."""
-    if dimensions is None or dimensions == dim:
-        return vectors
-    if dimensions > dim:
-        raise ApiError(422, f"dimensions={dimensions} exceeds the model's {dim}", "Validation", param="dimensions")
-    cut = vectors[:, :dimensions]
-    return cut / np.linalg.norm(cut, axis=1, keepdims=True).clip(min=1e-12) if normalize else cut
 
 
 @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
