@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     tokenization_workers: int = Field(0, ge=0, description="0 = one per core, at most 4")
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
 
+    # --- shutdown ---------------------------------------------------------------------------------
+    drain_delay_s: float = Field(5.0, ge=0, description="after SIGTERM, not ready but still serving this long "
+                                 "(let load balancers notice) before in-flight requests are drained")
+    shutdown_grace_s: float = Field(30.0, gt=0, description="in-flight requests get this long to finish")
+
     # --- access ---------------------------------------------------------------------------------
     api_keys: str | None = Field(None, description="comma-separated keys; set, every route but the probes "
                                  "needs Authorization: Bearer <key>")

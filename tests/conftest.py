@@ -75,8 +75,6 @@ class LiveServer:
         import socket
         import threading
 
-        import uvicorn
-
         from service.app import create_app
 
         with socket.socket() as s:
@@ -84,10 +82,9 @@ class LiveServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.app = create_app(settings, registry)
-        from service.protocol import guarded_protocol
+        from service.server import build_server
 
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning",
-                                                    http=guarded_protocol(settings.header_timeout_s)))
+        self.server = build_server(self.app, settings, host="127.0.0.1", port=port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

@@ -203,3 +203,31 @@ def test_not_ready_is_503():
         for r in (c.get("/readyz"), c.post("/embed", json={"inputs": "x"})):
             assert r.status_code == 503 and r.headers["retry-after"] == "1"
             assert r.json()["error_type"] == "Unhealthy"
+
+
+def test_sigterm_fails_readiness_then_drains_in_flight_requests():
+    import signal
+    import threading
+
+    backend = FakeBackend()
+    registry = ModelRegistry()
+    registry.add("fake", Engine(backend))
+    settings = Settings(backend="fake", drain_delay_s=0.5, shutdown_grace_s=10)
+    server = LiveServer(settings, registry).__enter__()
+    backend.gate.clear()
+    answers = []
+    in_flight = threading.Thread(target=lambda: answers.append(httpx.post(f"{server.url}/embed",
+                                                                           json={"inputs": "slow"}, timeout=20)))
+    in_flight.start()
+    time.sleep(0.2)
+    server.server.handle_exit(signal.SIGTERM, None)
+    ready = httpx.get(f"{server.url}/readyz")
+    assert ready.status_code == 503 and ready.json()["error"] == "shutting down"
+    time.sleep(1.0)  # past the drain delay: uvicorn has stopped accepting, the request still waits
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/healthz", timeout=2)
+    backend.gate.set()
+    in_flight.join(timeout=10)
+    server.thread.join(timeout=10)
+    assert [a.status_code for a in answers] == [200]  # the in-flight request was answered
+    assert not server.thread.is_alive() and not registry.ready  # then the process stopped cleanly

@@ -30,7 +30,9 @@ async def healthz():
 
 @router.get("/readyz", responses=_UNAVAILABLE)
 async def readyz(request: Request):
-    """Every model is loaded and its engine running (readiness)."""
+    """Every model is loaded and its engine running, and the server is not shutting down (readiness)."""
+    if getattr(request.app.state, "draining", False):
+        raise ApiError(503, "shutting down", "Unhealthy", headers={"Retry-After": "1"})
     _registry(request)
     return {"status": "ready"}
 
