@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.auth import ApiKeys
 from service.engine import EngineError
-from service.errors import ApiError, error_body, to_api_error
+from service.errors import ERROR_RESPONSES, ApiError, error_body, to_api_error
 from service.index import FaissIndex
 from service.metrics import Metrics
 from service.middleware import RequestGuard
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         yield
         await run_in_threadpool(reg.stop)
 
-    app = FastAPI(title="sembed", version="0.2.0", lifespan=lifespan,
+    app = FastAPI(title="sembed", version="0.2.0", lifespan=lifespan, responses=ERROR_RESPONSES,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.")
     app.state.settings = settings
     app.state.metrics = metrics

@@ -7,6 +7,7 @@ expect. Server-side failures carry the request id, so a user's report can be fou
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,20 @@ _OPENAI_CODES = {"Unauthorized": "invalid_api_key", "NotFound": "model_not_found
                  "Overloaded": "rate_limit_exceeded", "Validation": "invalid_request"}
 
 
+_STATUS_MEANINGS = {400: "the body could not be read", 401: "no or wrong API key",
+                    404: "no such model, document or route", 408: "headers or body too slow",
+                    413: "body over max_request_bytes", 415: "body not labelled JSON", 422: "invalid request",
+                    424: "the model failed on an input", 429: "no free permit: retry after Retry-After",
+                    503: "not ready, shutting down, or queued past the deadline"}
+#: every route may answer these (documented once, on the app: the guard applies them everywhere)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}}}
+    for code, text in _STATUS_MEANINGS.items()}
+
+
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
 def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
@@ -55,8 +70,10 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
             return ApiError(status, str(exc), error_type, headers=headers)
     if isinstance(exc, RequestValidationError):
         detail = [{k: e[k] for k in ("loc", "msg", "type")} for e in exc.errors()]
-        first = detail[0] if detail else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        # Of a union's failures (`str | list[str]`), the one that is not a mere type mismatch says most.
+        first = next((e for e in detail if not e["type"].endswith("_type")), detail[0] if detail else
+                     {"loc": (), "msg": "invalid request"})
+        where = ".".join(str(p) for p in first["loc"] if p != "body" and not _UNION_TAG.match(str(p))) or "body"
         return ApiError(422, f"invalid request: {where}: {first['msg']}", "Validation", param=where,
                         detail=jsonable_encoder(detail))
     if isinstance(exc, StarletteHTTPException):

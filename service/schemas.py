@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+
+
+T = TypeVar("T")
+NonEmpty = Annotated[list[T], Field(min_length=1)]
+# Booleans are StrictBool: `0` is not false, as TEI's serde has it.
 
 
 def _as_list(value: str | list[str]) -> list[str]:
@@ -36,22 +41,16 @@ TruncationDirection = Literal["Right", "Left", "right", "left"]
 class EmbedRequest(_TeiRequest):
     """TEI's /embed body."""
 
-    inputs: str | list[str] = Field(description="one text or a list of texts",
+    inputs: str | NonEmpty[str] = Field(description="one text or a list of texts",
                                     examples=[["A man is playing a guitar."]])
-    normalize: bool = Field(True, description="L2-normalise the embeddings")
-    truncate: bool | None = Field(None, description="cut inputs over the model's max_seq_length tokens; "
+    normalize: StrictBool = Field(True, description="L2-normalise the embeddings")
+    truncate: StrictBool | None = Field(None, description="cut inputs over the model's max_seq_length tokens; "
                                   "false: such inputs get 422; unset: the server's auto_truncate")
     truncation_direction: TruncationDirection = Field("Right", description="which end a cut removes")
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions (Matryoshka), "
                                    "renormalised when normalize is true")
-    prompt_name: str | None = Field(None, description="not supported: exports carry no prompts")
+    prompt_name: None = Field(None, description="not supported: exports carry no prompts")
 
-    @field_validator("inputs")
-    @classmethod
-    def _non_empty(cls, v):
-        if isinstance(v, list) and not v:
-            raise ValueError("inputs must not be an empty list")
-        return v
 
     @property
     def texts(self) -> list[str]:
@@ -67,7 +66,7 @@ class SimilarityRequest(_TeiRequest):
     """TEI's /similarity body (the Hugging Face sentence-similarity task)."""
 
     inputs: SimilarityInputs
-    truncate: bool | None = None
+    truncate: StrictBool | None = None
     truncation_direction: TruncationDirection = "Right"
 
 
@@ -76,10 +75,10 @@ class RerankRequest(_TeiRequest):
 
     query: str = Field(examples=["What is Deep Learning?"])
     texts: list[str] = Field(min_length=1, examples=[["Deep Learning is a kind of machine learning.", "Cheese."]])
-    truncate: bool | None = None
+    truncate: StrictBool | None = None
     truncation_direction: TruncationDirection = "Right"
-    raw_scores: bool = Field(False, description="accepted for TEI clients; cosine scores are the raw scores")
-    return_text: bool = False
+    raw_scores: StrictBool = Field(False, description="accepted for TEI clients; cosine scores are the raw scores")
+    return_text: StrictBool = False
 
 
 class RerankHit(BaseModel):
@@ -89,9 +88,9 @@ class RerankHit(BaseModel):
 
 
 class TokenizeRequest(_TeiRequest):
-    inputs: str | list[str]
-    add_special_tokens: bool = True
-    prompt_name: str | None = None
+    inputs: str | NonEmpty[str]
+    add_special_tokens: StrictBool = True
+    prompt_name: None = None
 
     @property
     def texts(self) -> list[str]:
@@ -141,15 +140,9 @@ class DeleteDocumentsResponse(BaseModel):
 
 
 class SearchRequest(_Request):
-    query: str | list[str] = Field(examples=["Who plays the guitar?"])
+    query: str | NonEmpty[str] = Field(examples=["Who plays the guitar?"])
     k: int = Field(10, ge=1, description="hits per query")
 
-    @field_validator("query")
-    @classmethod
-    def _non_empty(cls, v):
-        if isinstance(v, list) and not v:
-            raise ValueError("query must not be an empty list")
-        return v
 
     @property
     def queries(self) -> list[str]:
@@ -176,18 +169,13 @@ class ErrorResponse(BaseModel):
 class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())  # clients send `user` and more
 
-    input: str | list[str] | list[int] | list[list[int]] = Field(examples=["A man is playing a guitar."])
+    input: str | NonEmpty[str] | NonEmpty[int] | NonEmpty[NonEmpty[int]] = Field(
+        examples=["A man is playing a guitar."])
     model: str | None = Field(None, description="one of GET /v1/models; unset: the default model")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions, then renormalise")
     user: str | None = None
 
-    @field_validator("input")
-    @classmethod
-    def _non_empty(cls, v):
-        if isinstance(v, list) and not v:
-            raise ValueError("input must not be an empty list")
-        return v
 
 
 class OpenAIEmbedding(BaseModel):

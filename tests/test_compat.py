@@ -29,6 +29,8 @@ def test_tei_embed_options(client):
     expected = full[:, :128] / np.linalg.norm(full[:, :128], axis=1, keepdims=True)
     assert cut.shape == (3, 128) and np.allclose(cut, expected, atol=1e-6)
     assert client.post("/embed", json={"inputs": "x", "dimensions": 385}).status_code == 422
+    raw_cut = embed(client, {"inputs": TEXTS, "dimensions": 64, "normalize": False})  # a column slice, served
+    assert np.array_equal(raw_cut, embed(client, {"inputs": TEXTS, "normalize": False})[:, :64])
 
     long = " ".join(f"word{i}" for i in range(400))  # over 256 tokens: which end is cut matters
     right = embed(client, {"inputs": long, "truncation_direction": "Right"})

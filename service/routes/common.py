@@ -21,7 +21,16 @@ class JSON(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY, default=_contiguous)
+
+
+def _contiguous(value: Any) -> Any:
+    """orjson writes only C-contiguous arrays; a column slice (`dimensions`) is copied first."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def registry(request: Request) -> ModelRegistry:

@@ -10,7 +10,6 @@ from service import schemas
 from service.errors import ApiError
 from service.index import Document
 from service.routes.common import settings
-from service.routes.tei import ERRORS as _ERRORS
 from service.routes.tei import embed_texts as _embed
 
 router = APIRouter(tags=["search"])
@@ -20,7 +19,7 @@ def _index(request: Request):
     return request.app.state.index
 
 
-@router.post("/index/documents", response_model=schemas.AddDocumentsResponse, responses=_ERRORS)
+@router.post("/index/documents", response_model=schemas.AddDocumentsResponse)
 async def add_documents(req: schemas.AddDocumentsRequest, request: Request):
     """Embed and index documents; an id already in the index is replaced."""
     result = await _embed(request, [d.text for d in req.documents], "documents")
@@ -49,7 +48,7 @@ async def clear_index(request: Request):
     return {"deleted": n, "total": 0}
 
 
-@router.post("/search", response_model=schemas.SearchResponse, responses=_ERRORS)
+@router.post("/search", response_model=schemas.SearchResponse)
 async def search(req: schemas.SearchRequest, request: Request):
     """The k nearest documents to each query by cosine similarity (exact FAISS inner product)."""
     limit = settings(request).max_search_k

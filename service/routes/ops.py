@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from service import schemas
 from service.errors import ApiError
 from service.routes.common import settings
 
 router = APIRouter(tags=["ops"])
-_UNAVAILABLE = {503: {"model": schemas.ErrorResponse}}
 
 
 def _registry(request: Request):
@@ -28,7 +26,7 @@ async def healthz():
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=_UNAVAILABLE)
+@router.get("/readyz")
 async def readyz(request: Request):
     """Every model is loaded and its engine running, and the server is not shutting down (readiness)."""
     if getattr(request.app.state, "draining", False):
@@ -37,7 +35,7 @@ async def readyz(request: Request):
     return {"status": "ready"}
 
 
-@router.get("/health", responses=_UNAVAILABLE)
+@router.get("/health")
 async def health(request: Request):
     """TEI's health: a real forward pass on every model."""
     registry = _registry(request)
@@ -49,7 +47,8 @@ async def health(request: Request):
     return {"status": "ok"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
 async def metrics(request: Request):
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -3,6 +3,7 @@ POST / (huggingface_hub's InferenceClient posts both of its tasks to the bare UR
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -17,7 +18,6 @@ from service.errors import ApiError
 from service.routes.common import JSON, check_batch, engine, matryoshka, timing_headers
 
 router = APIRouter(tags=["embeddings"])
-ERRORS = {code: {"model": schemas.ErrorResponse} for code in (413, 415, 422, 424, 429, 503)}
 
 
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
@@ -27,12 +27,9 @@ async def embed_texts(request: Request, texts: list[str], field: str, *, normali
                                        truncation_direction=direction.lower())
 
 
-@router.post("/embed", response_model=list[list[float]], responses=ERRORS)
+@router.post("/embed", response_model=list[list[float]])
 async def embed(req: schemas.EmbedRequest, request: Request):
     """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array)."""
-    if req.prompt_name is not None:
-        raise ApiError(422, "prompt_name is not supported: this export defines no prompts", "Validation",
-                       param="prompt_name")
     start = time.perf_counter()
     result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
                                direction=req.truncation_direction)
@@ -40,7 +37,7 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     return JSON(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
 
-@router.post("/similarity", response_model=list[float], responses=ERRORS)
+@router.post("/similarity", response_model=list[float])
 async def similarity(req: schemas.SimilarityRequest, request: Request):
     """Cosine similarity between inputs.source_sentence and each of inputs.sentences, in order."""
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
@@ -48,7 +45,7 @@ async def similarity(req: schemas.SimilarityRequest, request: Request):
     return JSON(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
 
 
-@router.post("/rerank", response_model=list[schemas.RerankHit], responses=ERRORS)
+@router.post("/rerank", response_model=list[schemas.RerankHit])
 async def rerank(req: schemas.RerankRequest, request: Request):
     """The texts ranked by cosine similarity to the query, best first, each with its input index."""
     result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
@@ -60,7 +57,7 @@ async def rerank(req: schemas.RerankRequest, request: Request):
     return JSON(hits, headers=timing_headers(result))
 
 
-@router.post("/tokenize", response_model=list[list[schemas.Token]], responses=ERRORS)
+@router.post("/tokenize", response_model=list[list[schemas.Token]])
 async def tokenize(req: schemas.TokenizeRequest, request: Request):
     """The model's tokens for each input, with character spans (special tokens have none)."""
     check_batch(request, len(req.texts), "inputs")
@@ -69,11 +66,17 @@ async def tokenize(req: schemas.TokenizeRequest, request: Request):
     return JSON(await run_in_threadpool(model.backend.token_details, req.texts, req.add_special_tokens))
 
 
-@router.post("/", responses=ERRORS, include_in_schema=True, summary="Embed or compare, by the body's shape")
+@router.post("/", summary="Embed or compare, by the body's shape",
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                 "anyOf": [{"$ref": "#/components/schemas/EmbedRequest"},
+                           {"$ref": "#/components/schemas/SimilarityRequest"}]}}}}})
 async def predict(request: Request):
     """`{"inputs": str | [str]}` embeds (as /embed); `{"inputs": {"source_sentence", "sentences"}}`
     compares (as /similarity). This is where huggingface_hub's InferenceClient sends both tasks."""
-    body = await request.json()
+    try:  # the stdlib parser, as for the other routes: a lone surrogate reaches the Unicode check
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(422, f"the body is not JSON: {e}", "Validation") from None
     inputs = body.get("inputs") if isinstance(body, dict) else None
     try:
         if isinstance(inputs, dict):
