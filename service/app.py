@@ -39,7 +39,11 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     async def lifespan(app: FastAPI):
         reg = registry or await run_in_threadpool(ModelRegistry.from_settings, settings, metrics)
         for name in reg.names():
-            reg.get(name).metrics = metrics
+            engine = reg.get(name)
+            engine.metrics = metrics
+            info = engine.info
+            metrics.model_info.labels(name, str(info.dimension), str(info.max_seq_length), info.device,
+                                      str(info.manifest.get("onnx_sha256", ""))).set(1)
         app.state.index = FaissIndex(reg.get().info.dimension, settings.index_path)
         metrics.index_documents.set(len(app.state.index))
         app.state.registry = reg
@@ -54,6 +58,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     async def answer_error(request: Request, exc: Exception) -> Response:
         error = to_api_error(exc, settings.retry_after_s)
+        route = request.scope.get("route")
+        metrics.request_errors.labels(route.path if route else "unmatched", error.error_type).inc()
         if error.status >= 500 and error.status != 503:
             log.error("request %s failed", request.state.request_id, exc_info=exc)
         body = error_body(request.url.path, error, getattr(request.state, "request_id", None))

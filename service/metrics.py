@@ -16,6 +16,10 @@ class Metrics:
         self.request_seconds = Histogram(
             "sembed_request_duration_seconds", "HTTP request latency", ["route"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.request_errors = Counter("sembed_request_errors", "error answers by kind (TEI's error types)",
+                                      ["route", "error_type"], registry=r)
+        self.model_info = Gauge("sembed_model_info", "the models served (value 1)",
+                                ["model", "dimension", "max_seq_length", "device", "sha256"], registry=r)
         self.rejected = Counter("sembed_rejected_requests", "requests refused for want of a permit (429)", registry=r)
         self.texts = Counter("sembed_embedded_texts", "texts embedded", registry=r)
         self.tokens = Counter("sembed_embedded_tokens", "non-padding tokens embedded", registry=r)

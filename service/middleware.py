@@ -165,6 +165,7 @@ class RequestGuard:
             task.result()
 
     async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
+        self.metrics.request_errors.labels(self._route_path(scope), error.error_type).inc()
         content = orjson.dumps(error_body(scope["path"], error, request_id))
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]

@@ -34,6 +34,8 @@ class ModelRegistry:
                                      intra_op_threads=settings.intra_op_threads,
                                      pad_to_multiple_of=settings.pad_to_multiple_of)
             backend.warmup()
+            if hasattr(backend, "self_check"):
+                backend.self_check()  # never ready on an export that does not give its recorded vectors
             engine = Engine(backend, settings.engine_config(), metrics)
             registry.add(name or backend.info.model, engine)
             log.info("loaded %s (dim %d) from %s on %s", name or backend.info.model, backend.info.dimension,

@@ -54,3 +54,31 @@ def test_truncation_is_reported_with_the_original_token_count(backend):
 def test_health_runs_a_real_forward_pass(backend):
     backend.health()
     backend.warmup()
+
+
+def test_an_export_must_give_back_its_recorded_golden_vectors(default_export, tmp_path):
+    import json
+    import shutil
+
+    from service.backends.onnx import IntegrityError
+    from service.manifest import Manifest
+
+    manifest = Manifest.load(default_export)
+    assert manifest.golden and len(manifest.golden["embeddings"]) == 3
+    OnnxBackend(default_export).self_check()  # the real export passes
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(default_export, tampered)
+    data = json.loads((tampered / "manifest.json").read_text())
+    data["golden"]["embeddings"][1][0] += 0.01  # as if another model had been recorded
+    (tampered / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(IntegrityError, match="golden vectors differ"):
+        OnnxBackend(tampered).self_check()
+
+    other_tokenizer = tmp_path / "other-tokenizer"  # same graph, a tokenizer that splits differently
+    shutil.copytree(default_export, other_tokenizer)
+    tok = json.loads((other_tokenizer / "tokenizer.json").read_text())
+    tok["normalizer"] = {"type": "Replace", "pattern": {"String": "a"}, "content": "x"}
+    (other_tokenizer / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(IntegrityError, match="golden check"):
+        OnnxBackend(other_tokenizer).self_check()

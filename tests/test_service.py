@@ -190,6 +190,12 @@ def test_ops_endpoints(client):
     text = client.get("/metrics").text
     assert 'sembed_requests_total{route="/embed",status="200"}' in text
     assert "sembed_batch_size_bucket" in text and "sembed_embedded_texts_total" in text
+    assert 'sembed_model_info{device="cpu",dimension="384",max_seq_length="256",model="all-MiniLM-L6-v2"' in text
+    for name in ("sembed_tokenization_duration_seconds", "sembed_queue_duration_seconds", "sembed_batch_tokens",
+                 "sembed_input_length_tokens", "sembed_queue_size"):
+        assert name in text, name
+    client.post("/embed", json={"inputs": []})
+    assert 'sembed_request_errors_total{error_type="Validation",route="/embed"}' in client.get("/metrics").text
 
 
 def test_openapi_documents_every_endpoint(client):

@@ -39,6 +39,16 @@ PARITY_SENTENCES = [
 ]
 
 
+#: served again at start-up and compared with the vectors recorded here (service/backends/onnx.py)
+GOLDEN_SENTENCES = ["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply on Monday."]
+
+
+def golden_record(encoder: SentenceEncoder) -> dict[str, Any]:
+    with torch.no_grad():
+        vectors = _ExportGraph(encoder).eval()(**_feeds(encoder, GOLDEN_SENTENCES))[0].numpy()
+    return {"sentences": GOLDEN_SENTENCES, "embeddings": np.round(vectors.astype(np.float64), 7).tolist()}
+
+
 class ParityError(RuntimeError):
     pass
 
@@ -144,6 +154,7 @@ def export_onnx(
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             parity_max_abs_diff=diff,
             batch_invariant=True,
+            golden=golden_record(encoder),
             training=training,
         )
         manifest.save(staging)

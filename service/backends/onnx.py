@@ -19,6 +19,10 @@ class IntegrityError(RuntimeError):
     pass
 
 
+#: how far a served golden vector may be from the one recorded at export (parity is checked to 1e-4)
+GOLDEN_TOLERANCE = 1e-3
+
+
 class OnnxBackend:
     """Runs model.onnx on padded batches; the graph itself pools, applies any head and normalises.
 
@@ -156,6 +160,33 @@ class OnnxBackend:
         for n, length in ((1, 16), (8, 64)):
             items = self.tokenize(["warm-up " * length] * n)
             self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
+
+    def self_check(self) -> None:
+        """Before the service is ready: the export's recorded sentences must come back as recorded.
+
+        Catches what a sha256 cannot: a tokenizer.json from another model, a manifest edited by hand,
+        an onnxruntime that computes differently. Also the shape and unit norms, and that the
+        similarity ordering of the recorded vectors holds."""
+        golden = self.manifest.golden
+        if not golden:
+            log.warning("%s records no golden vectors (exported before they existed): not checked", self.info.model)
+            return
+        expected = np.asarray(golden["embeddings"], dtype=np.float32)
+        got = self.encode(golden["sentences"], batch_size=len(golden["sentences"]))
+        problems = []
+        if got.shape != expected.shape or got.shape[1] != self.info.dimension:
+            problems.append(f"shape {got.shape}, recorded {expected.shape}, manifest dimension {self.info.dimension}")
+        else:
+            if not np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4):
+                problems.append("embeddings are not unit length")
+            diff = float(np.abs(got - expected).max())
+            if diff > GOLDEN_TOLERANCE:
+                problems.append(f"golden vectors differ from the recorded ones by {diff:.2e}")
+            ranked, recorded = np.argsort(got[1:] @ got[0]), np.argsort(expected[1:] @ expected[0])
+            if not np.array_equal(ranked, recorded):
+                problems.append("the similarity ordering of the golden sentences changed")
+        if problems:
+            raise IntegrityError(f"{self.info.model} failed its golden check: " + "; ".join(problems))
 
     def health(self) -> None:
         items = self.tokenize(["health check"])
