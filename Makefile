@@ -24,13 +24,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 venv: $(VENV)/.installed
 
 $(MODEL_DIR)/manifest.json: | $(VENV)/.installed
-	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR)
+	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
 
 serve: venv $(MODEL_DIR)/manifest.json
 	SEMBED_MODEL_DIR=$(MODEL_DIR) SEMBED_PORT=$(PORT) $(PY) -m service
 
 export: venv
-	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR)
+	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
 
 # ConIsI's antonym strategy reads WordNet from Debian's packages.
 wordnet:

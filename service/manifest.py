@@ -33,6 +33,8 @@ class Manifest(BaseModel):
     parity_max_abs_diff: float | None = None
     batch_invariant: bool = Field(False, description="pooling gives the same bits for a batch of one row as "
                                   "for a larger batch (exports before this field sum differently)")
+    variants: dict[str, dict[str, Any]] | None = Field(None, description="graph files by variant (fp32, int8, "
+                                                       "fp16): file, sha256, measured quality against fp32")
     golden: dict[str, Any] | None = Field(None, description="fixed sentences and their embeddings at export, "
                                           "checked again before the service reports ready")
     training: dict[str, Any] | None = None

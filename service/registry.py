@@ -32,7 +32,7 @@ class ModelRegistry:
         for name, export_dir in settings.model_dirs():
             backend = create_backend(settings.backend, export_dir, device=settings.device,
                                      intra_op_threads=settings.intra_op_threads,
-                                     pad_to_multiple_of=settings.pad_to_multiple_of)
+                                     pad_to_multiple_of=settings.pad_to_multiple_of, variant=settings.variant)
             backend.warmup()
             if hasattr(backend, "self_check"):
                 backend.self_check()  # never ready on an export that does not give its recorded vectors

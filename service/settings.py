@@ -22,6 +22,8 @@ class Settings(BaseSettings):
                                "default, the OpenAI `model` field picks one; replaces model_dir")
     backend: Literal["onnx", "fake"] = Field("onnx", description="fake: a model-free backend for tests")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
+    variant: Literal["fp32", "int8", "fp16"] = Field("fp32", description="which graph of the export to run; "
+                                                     "the export's manifest lists what it has")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
     # With padded lengths a multiple of this, a text's vector has the same bits whatever batch it
     # shares; 0 measures the smallest such multiple for this CPU at start (see backends/onnx.py).

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -133,3 +134,45 @@ def test_export_cli(tiny_model_dir, tmp_path, capsys):
     manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
     assert manifest["pooling"] == "cls" and manifest["name"] == "cli"
     assert "make serve" in capsys.readouterr().out
+
+
+FIXTURE_DATA = Path(__file__).parent / "fixtures" / "eval"
+
+
+def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_export):
+    from service.backends.onnx import OnnxBackend
+
+    manifest = Manifest.load(default_export)
+    assert set(manifest.variants) == {"fp32", "int8"}
+    int8 = manifest.variants["int8"]
+    assert int8["sha256"] == sha256_file(default_export / int8["file"])
+    assert int8["quality"]["mean_cosine_to_fp32"] >= 0.98 and int8["quality"]["stsb_dev_delta"] is None
+    texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday."]
+    quantised = OnnxBackend(default_export, variant="int8")
+    quantised.self_check()  # its own recorded golden vectors
+    a, b = quantised.encode(texts), OnnxBackend(default_export).encode(texts)
+    assert not np.array_equal(a, b) and ((a * b).sum(axis=1) > 0.97).all()  # really int8, and close
+    assert (default_export / int8["file"]).stat().st_size < 0.3 * (default_export / "model.onnx").stat().st_size
+
+
+def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_path):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    kept = export_onnx(encoder, tmp_path / "kept", data_dir=FIXTURE_DATA)
+    assert kept.variants["int8"]["quality"]["stsb_dev_delta"] is not None  # measured on the fixture's STS-B dev
+    refused = export_onnx(encoder, tmp_path / "refused", data_dir=FIXTURE_DATA, max_stsb_drop=-100.0)
+    assert set(refused.variants) == {"fp32"} and not (tmp_path / "refused" / "model.int8.onnx").exists()
+    assert set(export_onnx(encoder, tmp_path / "plain", int8=False).variants) == {"fp32"}
+
+
+def test_the_service_serves_the_variant_it_is_told(default_export):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    with TestClient(create_app(Settings(model_dir=default_export, variant="int8"))) as c:
+        assert c.get("/info").json()["model_dtype"] == "int8"
+        assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
+    with pytest.raises(ValueError, match="has no fp16 variant"), \
+            TestClient(create_app(Settings(model_dir=default_export, variant="fp16"))):
+        pass

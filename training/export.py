@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from service.manifest import GRAPH_FILE, Manifest, sha256_file
+from training import quantize
 from training.default_model import model_label, resolve_model
 from training.encoder import POOLINGS, SentenceEncoder
 
@@ -104,8 +105,15 @@ def export_onnx(
     method: str | None = None,
     training: dict[str, Any] | None = None,
     tolerance: float = PARITY_TOLERANCE,
+    int8: bool = True,
+    data_dir: str | Path | None = None,
+    max_stsb_drop: float = quantize.MAX_STSB_DROP,
 ) -> Manifest:
-    """Write the export directory atomically: a failed parity check leaves nothing behind."""
+    """Write the export directory atomically: a failed parity check leaves nothing behind.
+
+    Beside the fp32 graph, an int8 variant (training/quantize.py) with its measured quality; given a
+    `data_dir` holding STS-B dev, one that loses more than `max_stsb_drop` Spearman points is left out.
+    """
     out_dir = Path(out_dir)
     encoder = encoder.to("cpu").eval()
     input_names = _input_names(encoder)
@@ -158,12 +166,39 @@ def export_onnx(
             training=training,
         )
         manifest.save(staging)
+        manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
+        if int8:
+            manifest.variants.update(_int8_variant(encoder, staging, data_dir, max_stsb_drop))
+        manifest.save(staging)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _int8_variant(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float) -> dict[str, Any]:
+    config = encoder.transformer.config
+    path = staging / quantize.INT8_FILE
+    quantize.build_int8(staging / GRAPH_FILE, path, config.num_attention_heads, config.hidden_size)
+    stsb_dev = _stsb_dev(data_dir)
+    quality = quantize.measure(staging, quantize.INT8_FILE, stsb_dev)
+    try:
+        quantize.check(quality, max_stsb_drop)
+    except quantize.QualityError as e:
+        print(f"int8 variant left out: {e}", file=sys.stderr)
+        path.unlink()
+        return {}
+    return {"int8": {"file": quantize.INT8_FILE, "sha256": sha256_file(path), "quality": quality}}
+
+
+def _stsb_dev(data_dir) -> list[tuple[str, str, float]] | None:
+    if data_dir is None or not (Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv").is_file():
+        return None
+    from evaluation.sts_data import read_stsb_split
+
+    return read_stsb_split(data_dir, "dev")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,13 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pooling", choices=POOLINGS, help="override the model's own pooling config")
     parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
     parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
+    parser.add_argument("--no-int8", action="store_true", help="write the fp32 graph only")
+    parser.add_argument("--data-dir", type=Path, help="a folder with senteval/STS/STSBenchmark/sts-dev.csv: the "
+                        "int8 variant's STS-B dev Spearman is measured and checked")
     args = parser.parse_args(argv)
 
     encoder = SentenceEncoder.from_pretrained(resolve_model(args.model), args.pooling, args.max_seq_length)
     encoder.base_model = model_label(args.model)  # not a site-packages path for the default
-    manifest = export_onnx(encoder, args.out, name=args.name)
+    manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
+    for variant, entry in (manifest.variants or {}).items():
+        if "quality" in entry:
+            q = entry["quality"]
+            delta = "n/a (no --data-dir)" if q["stsb_dev_delta"] is None else f"{q['stsb_dev_delta']:+.2f}"
+            print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f}, STS-B dev Spearman {delta}")
     print(f"serve it with: MODEL_DIR={args.out} make serve")
     return 0
 

@@ -83,7 +83,7 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
         "stsb_dev_spearman": round(result.best_dev, 4),
         "stsb_dev_spearman_before": round(result.initial_dev, 4),
     }
-    manifest = export_onnx(encoder, export_dir, method=cfg.method, training=training_info)
+    manifest = export_onnx(encoder, export_dir, method=cfg.method, training=training_info, data_dir=cfg.data_dir)
     log(f"[export] {export_dir} (dim {manifest.dimension}, parity {manifest.parity_max_abs_diff:.1e}); "
         f"STS-B dev {result.initial_dev:.2f} → {result.best_dev:.2f}")
     log(f"serve it with: make serve MODEL_DIR={export_dir}")

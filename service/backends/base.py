@@ -36,6 +36,7 @@ class BackendInfo:
     dimension: int
     max_seq_length: int
     device: str  # "cpu" | "cuda"
+    variant: str = "fp32"  # which graph of the export: fp32, int8, fp16
     manifest: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids a client sends must be below it
 

@@ -35,17 +35,22 @@ class OnnxBackend:
     """
 
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
-                 pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True):
+                 pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True,
+                 variant: str = "fp32", graph_file: str | None = None):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
         export_dir = Path(export_dir)
         self.manifest = Manifest.load(export_dir)
-        graph = export_dir / GRAPH_FILE
-        if verify:
+        self.variant = variant
+        entry = self._variant_entry(variant)
+        graph = export_dir / (graph_file or entry["file"])
+        if verify and graph_file is None:
             digest = sha256_file(graph)
-            if digest != self.manifest.onnx_sha256:
-                raise IntegrityError(f"{graph} sha256 {digest} does not match manifest {self.manifest.onnx_sha256}")
+            if digest != entry["sha256"]:
+                raise IntegrityError(f"{graph} sha256 {digest} does not match manifest {entry['sha256']}")
+        self._golden_embeddings = (self.manifest.golden or {}).get("embeddings") if variant == "fp32" else \
+            entry.get("quality", {}).get("golden_embeddings")
 
         max_len = self.manifest.max_seq_length
         self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
@@ -86,11 +91,20 @@ class OnnxBackend:
         self._run_shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage",
                                               "gpu:0" if device == "cuda" else "cpu:0")
         if not pad_to_multiple_of:
-            self.pad_to_multiple_of = 8 if device == "cuda" else self.calibrate_padding()
+            # int8 quantises activations with one scale per batch, so its vectors move a little with their
+            # batch neighbours whatever the padding: no multiple can make it exact, the least padding wins.
+            self.pad_to_multiple_of = 8 if device == "cuda" else 1 if variant == "int8" else self.calibrate_padding()
         self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
-                                max_seq_length=max_len, device=device,
+                                max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
                                 vocab_size=self.tokenizer.get_vocab_size())
+
+    def _variant_entry(self, variant: str) -> dict:
+        variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}
+        if variant not in variants:
+            raise ValueError(f"the export {self.manifest.name} has no {variant} variant; it has {sorted(variants)} "
+                             "(re-export it, or set SEMBED_VARIANT to one of those)")
+        return variants[variant]
 
     # --- the Backend interface --------------------------------------------------------------
     def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
@@ -168,10 +182,10 @@ class OnnxBackend:
         an onnxruntime that computes differently. Also the shape and unit norms, and that the
         similarity ordering of the recorded vectors holds."""
         golden = self.manifest.golden
-        if not golden:
+        if not golden or not self._golden_embeddings:
             log.warning("%s records no golden vectors (exported before they existed): not checked", self.info.model)
             return
-        expected = np.asarray(golden["embeddings"], dtype=np.float32)
+        expected = np.asarray(self._golden_embeddings, dtype=np.float32)
         got = self.encode(golden["sentences"], batch_size=len(golden["sentences"]))
         problems = []
         if got.shape != expected.shape or got.shape[1] != self.info.dimension:
@@ -186,7 +200,7 @@ class OnnxBackend:
             if not np.array_equal(ranked, recorded):
                 problems.append("the similarity ordering of the golden sentences changed")
         if problems:
-            raise IntegrityError(f"{self.info.model} failed its golden check: " + "; ".join(problems))
+            raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
     def health(self) -> None:
         items = self.tokenize(["health check"])

@@ -63,7 +63,7 @@ async def info(request: Request):
     return {
         "model_id": engine.info.manifest.get("base_model", engine.info.model),
         "model_sha": manifest.get("onnx_sha256"),
-        "model_dtype": "float32",
+        "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[engine.info.variant],
         "model_type": {"embedding": {"pooling": manifest.get("pooling", "mean")}},
         "max_concurrent_requests": s.max_concurrent_requests,
         "max_input_length": engine.info.max_seq_length,
