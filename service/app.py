@@ -24,7 +24,7 @@ from service.index import FaissIndex
 from service.metrics import Metrics
 from service.middleware import RequestGuard
 from service.registry import ModelRegistry
-from service.routes import index, openai, ops, tei
+from service.routes import admin, index, openai, ops, tei
 from service.settings import Settings
 
 log = logging.getLogger("sembed")
@@ -73,7 +73,9 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     app.include_router(index.router)
     app.include_router(openai.router)
     app.include_router(ops.router)
-    keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, metrics_public=settings.metrics_public)
+    app.include_router(admin.router)
+    keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
+                        admin_keys_file=settings.admin_api_keys_file, metrics_public=settings.metrics_public)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
                        body_timeout_s=settings.body_timeout_s, keys=keys, access_log=settings.access_log)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key check

@@ -17,35 +17,45 @@ from service.errors import ApiError
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 
 
+ADMIN_PREFIX = "/admin/"
+
+
 class ApiKeys:
-    def __init__(self, keys: list[str], *, metrics_public: bool = True):
+    """`keys` open the API; `admin_keys` open it and /admin/ too. No admin key: /admin/ is closed."""
+
+    def __init__(self, keys: list[str], *, admin_keys: list[str] = (), metrics_public: bool = True):
         self._keys = [k.encode() for k in keys if k]
+        self._admin = [k.encode() for k in admin_keys if k]
         self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())
 
     @classmethod
-    def load(cls, keys: str | None, keys_file: Path | None, *, metrics_public: bool = True) -> ApiKeys:
-        found = [k.strip() for k in (keys or "").split(",")]
-        if keys_file is not None:
-            lines = Path(keys_file).read_text().splitlines()
-            found += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-        return cls([k for k in found if k], metrics_public=metrics_public)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
+    def load(cls, keys: str | None, keys_file: Path | None, *, admin_keys: str | None = None,
+             admin_keys_file: Path | None = None, metrics_public: bool = True) -> ApiKeys:
+        return cls(_read(keys, keys_file), admin_keys=_read(admin_keys, admin_keys_file), metrics_public=metrics_public)
 
     def check(self, path: str, authorization: bytes | None) -> ApiError | None:
-        if not self._keys or path in self.public:
+        admin = path.startswith(ADMIN_PREFIX)
+        if admin and not self._admin:
+            return ApiError(403, "admin routes are closed: set SEMBED_ADMIN_API_KEYS to open them", "Unauthorized")
+        if not admin and (not self._keys or path in self.public):
             return None
         scheme, _, token = (authorization or b"").partition(b" ")
         if scheme.lower() != b"bearer" or not token.strip():
             return self._refuse("missing API key: send Authorization: Bearer <key>")
         token = token.strip()
         matched = False
-        for key in self._keys:  # no early exit
+        for key in self._admin if admin else self._keys + self._admin:  # no early exit
             matched |= hmac.compare_digest(token, key)
-        return None if matched else self._refuse("invalid API key")
+        return None if matched else self._refuse("invalid API key" if not admin else "not an admin key")
 
     @staticmethod
     def _refuse(message: str) -> ApiError:
         return ApiError(401, message, "Unauthorized", headers={"WWW-Authenticate": 'Bearer realm="sembed"'})
+
+
+def _read(keys: str | None, keys_file: Path | None) -> list[str]:
+    found = [k.strip() for k in (keys or "").split(",")]
+    if keys_file is not None:
+        lines = Path(keys_file).read_text().splitlines()
+        found += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return [k for k in found if k]

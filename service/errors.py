@@ -47,7 +47,7 @@ _OPENAI_CODES = {"Unauthorized": "invalid_api_key", "NotFound": "model_not_found
                  "Overloaded": "rate_limit_exceeded", "Validation": "invalid_request"}
 
 
-_STATUS_MEANINGS = {400: "the body could not be read", 401: "no or wrong API key",
+_STATUS_MEANINGS = {400: "the body could not be read", 401: "no or wrong API key", 403: "admin routes closed",
                     404: "no such model, document or route", 408: "headers or body too slow",
                     413: "body over max_request_bytes", 415: "body not labelled JSON", 422: "invalid request",
                     424: "the model failed on an input", 429: "no free permit: retry after Retry-After",

@@ -30,16 +30,8 @@ class ModelRegistry:
         """Load, warm and start every configured export (slow: call it off the event loop)."""
         registry = cls()
         for name, export_dir in settings.model_dirs():
-            backend = create_backend(settings.backend, export_dir, device=settings.device,
-                                     intra_op_threads=settings.intra_op_threads,
-                                     pad_to_multiple_of=settings.pad_to_multiple_of, variant=settings.variant)
-            backend.warmup()
-            if hasattr(backend, "self_check"):
-                backend.self_check()  # never ready on an export that does not give its recorded vectors
-            engine = Engine(backend, settings.engine_config(), metrics)
-            registry.add(name or backend.info.model, engine)
-            log.info("loaded %s (dim %d) from %s on %s", name or backend.info.model, backend.info.dimension,
-                     export_dir, backend.info.device)
+            engine = load_engine(settings, export_dir, metrics)
+            registry.add(name or engine.info.model, engine)
         return registry
 
     def add(self, name: str, engine: Engine) -> None:
@@ -48,6 +40,16 @@ class ModelRegistry:
         engine.start()
         self._engines[name] = engine
         self.default = self.default or name
+
+    def replace(self, name: str, engine: Engine) -> Engine:
+        """Put a started engine in `name`'s place; the old one is returned, still serving what it holds.
+
+        Routes look an engine up and take its permits with no await in between, so from here on no
+        request reaches the old engine: once its in-flight count is zero it can stop.
+        """
+        old = self.get(name)
+        self._engines[name] = engine
+        return old
 
     def get(self, name: str | None = None) -> Engine:
         if name is None:
@@ -70,3 +72,16 @@ class ModelRegistry:
     def stop(self) -> None:
         for engine in self._engines.values():
             engine.stop()
+
+
+def load_engine(settings: Settings, export_dir, metrics: Metrics) -> Engine:
+    """Load, warm and verify one export; the engine is not started (slow: off the event loop)."""
+    backend = create_backend(settings.backend, export_dir, device=settings.device,
+                             intra_op_threads=settings.intra_op_threads,
+                             pad_to_multiple_of=settings.pad_to_multiple_of, variant=settings.variant)
+    backend.warmup()
+    if hasattr(backend, "self_check"):
+        backend.self_check()  # never ready on an export that does not give its recorded vectors
+    log.info("loaded %s (dim %d) from %s on %s", backend.info.model, backend.info.dimension, export_dir,
+             backend.info.device)
+    return Engine(backend, settings.engine_config(), metrics)

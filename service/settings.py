@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     api_keys: str | None = Field(None, description="comma-separated keys; set, every route but the probes "
                                  "needs Authorization: Bearer <key>")
     api_keys_file: Path | None = Field(None, description="more keys, one per line (a mounted secret)")
+    admin_api_keys: str | None = Field(None, description="keys for /admin/ routes (model reload); unset: those "
+                                       "routes are refused")
+    admin_api_keys_file: Path | None = None
+    models_root: Path | None = Field(None, description="exports a reload may name (a folder name under it, never "
+                                     "a path from the request)")
     metrics_public: bool = Field(True, description="false: /metrics needs a key too")
     cors_origins: str | None = Field(None, description="comma-separated origins allowed to call from a browser "
                                      "('*' for any); unset: no CORS headers")

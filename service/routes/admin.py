@@ -1,0 +1,63 @@
+"""Admin routes (an admin key opens them): hot reload of a model without a failed request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from service.errors import ApiError
+from service.registry import load_engine
+from service.routes.common import registry, settings
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+log = logging.getLogger("sembed.admin")
+_EXPORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_reloading = asyncio.Lock()
+
+
+class ReloadRequest(BaseModel):
+    export: str = Field(description="an export's folder name under SEMBED_MODELS_ROOT (never a path)",
+                        examples=["cosent-20261123-1200"])
+
+
+@router.post("/models/{name}/reload")
+async def reload(name: str, req: ReloadRequest, request: Request):
+    """Load the export, warm it and check its golden vectors while `name` keeps serving; then switch.
+
+    Requests already on the old model finish there; every later one goes to the new model."""
+    s = settings(request)
+    reg = registry(request)
+    reg.get(name)  # 404 before any work
+    if s.models_root is None:
+        raise ApiError(422, "reload is off: set SEMBED_MODELS_ROOT to the folder of exports it may load",
+                       "Validation")
+    if not _EXPORT_NAME.match(req.export) or req.export.strip(".") == "":
+        raise ApiError(422, f"export {req.export!r} is not a folder name", "Validation", param="export")
+    export_dir = s.models_root / req.export
+    if s.backend == "onnx" and not (export_dir / "manifest.json").is_file():
+        raise ApiError(404, f"no export named {req.export!r} under the models root", "NotFound", param="export")
+    async with _reloading:
+        try:
+            engine = await run_in_threadpool(load_engine, s, export_dir, request.app.state.metrics)
+        except Exception as e:
+            raise ApiError(422, f"export {req.export!r} failed to load or verify: {e}", "Validation") from e
+        engine.start()
+        old = reg.replace(name, engine)
+        asyncio.get_running_loop().create_task(_retire(old, s.shutdown_grace_s))
+    log.info("model %s now serves %s (was %s)", name, engine.info.model, old.info.model)
+    return {"model": name, "export": req.export, "serving": engine.info.model, "previous": old.info.model,
+            "sha256": engine.info.manifest.get("onnx_sha256")}
+
+
+async def _retire(old, grace_s: float) -> None:
+    """Stop the replaced engine once the requests it holds are answered (or the grace is over)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while old.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    await run_in_threadpool(old.stop)
