@@ -24,7 +24,7 @@ import numpy as np
 
 from service.backends import Backend, BackendInfo, Tokenized, padded_length
 from service.metrics import Metrics
-from service.queue import Batch, BatchQueue, DeadlineExceeded, Job
+from service.queue import Batch, BatchQueue, Job
 
 log = logging.getLogger("sembed.engine")
 
@@ -85,11 +85,11 @@ class Engine:
         self.backend = backend
         self.config = config
         self.metrics = metrics or Metrics()
-        self.pad_to_multiple_of = getattr(backend, "pad_to_multiple_of", 1)
+        self.pad_to_multiple_of = backend.pad_to_multiple_of
         # a pass must hold at least one input of the model's full length
         budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
         self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
-                                config.max_batch_wait_ms / 1000, backend.info.max_seq_length)
+                                config.max_batch_wait_ms / 1000, backend.info.max_seq_length, QueueDeadline)
         self.tokenization_workers = config.tokenization_workers or min(4, os.cpu_count() or 1)
         self._tokenizers = ThreadPoolExecutor(self.tokenization_workers, thread_name_prefix="tokenize")
         self._permits = config.max_concurrent_requests
@@ -169,9 +169,10 @@ class Engine:
                 raise
             if job.error is not None:
                 raise job.error
-            self.metrics.observe_request(tokenization_s, job.scheduled_at - job.enqueued_at, [i.length for i in items])
-            return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, tokenization_s,
-                               job.scheduled_at - job.enqueued_at, job.inference_s)
+            queue_s = job.scheduled_at - job.enqueued_at
+            self.metrics.observe_request(tokenization_s, queue_s, [i.length for i in items])
+            return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, tokenization_s, queue_s,
+                               job.inference_s)
         finally:
             if pooled and not queued:
                 self.queue.unexpect()
@@ -233,7 +234,7 @@ class Engine:
         except Exception as e:
             if len(rows) > 1:  # find the culprit: each row alone gives the same bits as in the batch
                 for row in rows:
-                    self._run(Batch([row], 0))
+                    self._run(Batch([row]))
             else:
                 log.warning("input failed in the model: %s", e)
                 rows[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
@@ -247,8 +248,5 @@ class Engine:
 
 
 def _resolve(future: asyncio.Future, job: Job) -> None:
-    if future.done():  # cancelled: the caller already left
-        return
-    if isinstance(job.error, DeadlineExceeded):
-        job.error = QueueDeadline(str(job.error))
-    future.set_result(None)
+    if not future.done():  # done: cancelled, the caller already left
+        future.set_result(None)

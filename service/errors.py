@@ -16,7 +16,6 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import engine
-from service.queue import DeadlineExceeded
 from service.registry import ModelNotFound
 
 
@@ -38,7 +37,6 @@ _ENGINE_ERRORS: list[tuple[type[Exception], int, str]] = [
     (engine.Overloaded, 429, "Overloaded"),
     (engine.NotReady, 503, "Unhealthy"),
     (engine.QueueDeadline, 503, "Overloaded"),
-    (DeadlineExceeded, 503, "Overloaded"),
     (engine.InferenceFailed, 424, "Backend"),
 ]
 _OPENAI_TYPES = {"Overloaded": "rate_limit_error", "Unhealthy": "server_error", "Backend": "server_error",

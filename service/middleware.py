@@ -31,6 +31,7 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _JSON = re.compile(rb"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 CLIENT_CLOSED = 499
+_CLIENT_LEFT = ApiError(CLIENT_CLOSED, "the client left while sending its body", "Validation")
 
 
 class RequestGuard:
@@ -70,9 +71,9 @@ class RequestGuard:
             if scope["method"] in _BODY_METHODS:
                 problem = self._check_headers(headers)
                 if problem is None:
-                    body, problem = await self._read_body(receive, headers)
+                    body, problem = await self._read_body(receive)
                 if problem is not None:
-                    if problem.status:  # 0: the client left while sending
+                    if problem is not _CLIENT_LEFT:  # nobody to answer
                         await self._reply(scope, send_with_id, problem, request_id)
                     return
             await self._run_app(scope, receive, send_with_id, body)
@@ -111,7 +112,7 @@ class RequestGuard:
         return ApiError(413, f"request body of {got} is over the limit of {self.max_body_bytes} bytes: "
                              "split the request", "Validation")
 
-    async def _read_body(self, receive, headers) -> tuple[bytes, ApiError | None]:
+    async def _read_body(self, receive) -> tuple[bytes, ApiError | None]:
         chunks, size = [], 0
         deadline = time.monotonic() + self.body_timeout_s
         while True:
@@ -121,7 +122,7 @@ class RequestGuard:
                 return b"", ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
                                      "Validation", headers={"Connection": "close"})
             if message["type"] == "http.disconnect":
-                return b"", ApiError(0, "client left", "Validation")
+                return b"", _CLIENT_LEFT
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:

@@ -29,10 +29,6 @@ from service.backends.base import Tokenized, padded_length
 MAX_PADDING_RATIO = 2
 
 
-class DeadlineExceeded(RuntimeError):
-    pass
-
-
 @dataclass(eq=False)
 class Job:
     """One request's texts. The inference thread fills rows and calls `on_done` once, from its thread."""
@@ -88,19 +84,14 @@ class Job:
 
 @dataclass
 class Batch:
-    """One forward pass: rows from one or several jobs, padded to `seq_len`."""
+    """One forward pass: rows from one or several jobs (the runner pads them to their longest)."""
 
     rows: list[tuple[Job, int]]
-    seq_len: int
-
-    @property
-    def items(self) -> list[Tokenized]:
-        return [job.items[i] for job, i in self.rows]
 
 
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
-                 max_wait_s: float, max_seq_length: int):
+                 max_wait_s: float, max_seq_length: int, deadline_error: type[Exception] = TimeoutError):
         if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
                              f"max_seq_length ({max_seq_length})")
@@ -108,6 +99,7 @@ class BatchQueue:
         self.max_batch_requests = max_batch_requests
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_wait_s = max_wait_s
+        self.deadline_error = deadline_error  # what a job whose deadline passed in the queue fails with
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
         self._incoming = 0  # requests being tokenised: worth a short wait when a pass would be small
@@ -169,7 +161,7 @@ class BatchQueue:
             if job.cancelled or job.finished:
                 continue
             if now > job.deadline:
-                job.fail(DeadlineExceeded("the request's deadline passed while it waited in the queue"))
+                job.fail(self.deadline_error("the request's deadline passed while it waited in the queue"))
                 continue
             alive.append(job)
         self._jobs = alive
@@ -215,4 +207,4 @@ class BatchQueue:
                 if job.scheduled_at is None:
                     job.scheduled_at = now
         self._jobs = [j for j in self._jobs if j._cursor < len(j.items)]
-        return Batch(rows, seq_len)
+        return Batch(rows)

@@ -43,6 +43,7 @@ class BackendInfo:
 
 class Backend(Protocol):
     info: BackendInfo
+    pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
 
     def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
         """Truncated to info.max_seq_length, cutting the end (right) or the start (left);

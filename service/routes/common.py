@@ -67,8 +67,9 @@ def timing_headers(result: EmbedResult, total_s: float | None = None) -> dict[st
     return headers
 
 
-def matryoshka(vectors: np.ndarray, dimensions: int | None, dim: int, normalize: bool) -> np.ndarray:
+def matryoshka(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """The first `dimensions` components, renormalised (Matryoshka-trained models keep their meaning)."""
+    dim = vectors.shape[1]
     if dimensions is None or dimensions == dim:
         return vectors
     if dimensions > dim:

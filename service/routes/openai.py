@@ -27,7 +27,7 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     check_batch(request, len(texts), "input")
     engine = registry(request).get(req.model)
     result = await engine.embed(texts, normalize=True)
-    vectors = matryoshka(result.vectors, req.dimensions, engine.info.dimension, normalize=True)
+    vectors = matryoshka(result.vectors, req.dimensions, normalize=True)
     if req.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
         rows = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
     else:

@@ -33,7 +33,7 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     start = time.perf_counter()
     result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
                                direction=req.truncation_direction)
-    vectors = matryoshka(result.vectors, req.dimensions, engine(request).info.dimension, req.normalize)
+    vectors = matryoshka(result.vectors, req.dimensions, req.normalize)
     return JSON(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
 
