@@ -23,6 +23,7 @@ from torch import nn
 
 from service.manifest import GRAPH_FILE, Manifest, sha256_file
 from training import quantize
+from training.data import find_source_dir, read_stsb
 from training.default_model import model_label, resolve_model
 from training.encoder import POOLINGS, SentenceEncoder
 
@@ -194,11 +195,14 @@ def _int8_variant(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_dr
 
 
 def _stsb_dev(data_dir) -> list[tuple[str, str, float]] | None:
-    if data_dir is None or not (Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv").is_file():
+    """STS-B dev pairs wherever the training data readers find them under `data_dir`, or None."""
+    if data_dir is None:
         return None
-    from evaluation.sts_data import read_stsb_split
-
-    return read_stsb_split(data_dir, "dev")
+    try:
+        stsb = find_source_dir("stsb", data_dir)
+    except FileNotFoundError:
+        return None
+    return [(p.sentence1, p.sentence2, p.label) for p in read_stsb(stsb, "dev")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
     parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
     parser.add_argument("--no-int8", action="store_true", help="write the fp32 graph only")
-    parser.add_argument("--data-dir", type=Path, help="a folder with senteval/STS/STSBenchmark/sts-dev.csv: the "
-                        "int8 variant's STS-B dev Spearman is measured and checked")
+    parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the int8 "
+                        "variant's STS-B dev Spearman is measured and checked")
     args = parser.parse_args(argv)
 
     encoder = SentenceEncoder.from_pretrained(resolve_model(args.model), args.pooling, args.max_seq_length)
