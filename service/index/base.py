@@ -1,0 +1,168 @@
+"""What the routes depend on: the `VectorIndex` interface, its records, and its errors.
+
+Two implementations: `LocalIndex` (FAISS in this process, a write-ahead log on local disk: one
+node, one writer) and `MilvusIndex` (a Milvus server or Milvus Lite holds vectors, payloads and
+filters: the service stays stateless and scales out). Both pass the same contract tests.
+
+Vectors reaching an index are L2-normalised, so inner product is cosine similarity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+DEFAULT_COLLECTION = "default"
+
+
+@dataclass(frozen=True)
+class ModelStamp:
+    """Which model made a collection's vectors: a name and the graph's sha256."""
+
+    name: str
+    sha256: str
+
+    def describe(self) -> str:
+        return f"{self.name} (sha256 {self.sha256[:12]})"
+
+
+@dataclass
+class CollectionSpec:
+    name: str
+    dimension: int
+    index_type: str = "Flat"  # a FAISS factory string: Flat, HNSW32, IVF1024,SQ8, IVF1024,PQ48
+    model: ModelStamp | None = None  # None: vectors come from the client, never embedded here
+
+
+@dataclass
+class CollectionInfo:
+    name: str
+    dimension: int
+    index_type: str
+    model: ModelStamp | None
+    count: int
+    sequence: int  # the last durable write applied to this collection
+    ann_ready: bool = True  # False while an ANN structure is untrained or being rebuilt (search is exact then)
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Record:
+    """A stored document as a read returns it (vector only when asked for)."""
+
+    id: str
+    text: str | None = None  # None when the read did not ask for it
+    metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
+
+
+@dataclass
+class Hit(Record):
+    score: float = 0.0
+
+
+@dataclass
+class WriteResult:
+    """What a write made durable: how many documents it touched, and the log's sequence number."""
+
+    count: int
+    sequence: int
+    total: int  # documents in the collection after the write
+
+
+@dataclass
+class SearchParams:
+    k: int = 10
+    filter: dict[str, Any] | None = None
+    score_threshold: float | None = None
+    ef_search: int | None = None  # HNSW
+    nprobe: int | None = None  # IVF
+    with_text: bool = True
+    with_metadata: bool = True
+    with_vector: bool = False
+
+
+class VectorIndex(Protocol):
+    """The contract (tests/test_index_contract.py runs it on every implementation):
+
+    - names: collection names match validation.COLLECTION_PATTERN, ids validation.ID_PATTERN,
+      metadata passes validation.check_metadata, vectors are (n, dimension), finite: else InvalidRequest.
+    - create_collection: CollectionExists unless exist_ok and the existing one has the same dimension.
+    - upsert: an id already present is replaced (vector, text and metadata); one call's ids are distinct.
+    - get: the records found, in the order asked; unknown ids are left out.
+    - delete: by ids (unknown ones ignored) or by filter, exactly one of them; count = documents removed.
+    - search: per query, up to k hits by descending score, only those passing the filter (applied
+      before ranking, so never short when enough documents match) and score >= score_threshold;
+      text/metadata/vector filled as SearchParams asks, None otherwise.
+    - every write returns WriteResult: what it changed, the sequence number now durable, the new total.
+    - an unknown collection: CollectionNotFound.
+    """
+
+    def create_collection(self, spec: CollectionSpec, exist_ok: bool = False) -> CollectionInfo: ...
+
+    def drop_collection(self, name: str) -> WriteResult: ...
+
+    def list_collections(self) -> list[CollectionInfo]: ...
+
+    def info(self, name: str) -> CollectionInfo: ...
+
+    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult: ...
+
+    def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[Record]: ...
+
+    def delete(self, name: str, ids: list[str] | None = None, filter: dict[str, Any] | None = None) -> WriteResult:
+        ...
+
+    def clear(self, name: str) -> WriteResult: ...
+
+    def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]: ...
+
+    def scan(self, name: str, batch: int = 1000):  # yields lists of Record (with text), for re-embedding
+        ...
+
+    def replace_collection(self, spec: CollectionSpec, batches) -> WriteResult:
+        """Rebuild `spec.name` from (documents, vectors) batches, switching atomically at the end."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class IndexError_(Exception):
+    """Base of the index's errors; `status` and `error_type` are what the HTTP layer answers."""
+
+    status = 500
+    error_type = "Index"
+
+
+class CollectionNotFound(IndexError_):
+    status, error_type = 404, "NotFound"
+
+
+class CollectionExists(IndexError_):
+    status, error_type = 409, "Conflict"
+
+
+class ModelMismatch(IndexError_):
+    status, error_type = 409, "ModelMismatch"
+
+
+class InvalidRequest(IndexError_):
+    status, error_type = 422, "Validation"
+
+
+class NotDurable(IndexError_):
+    """The write could not be made durable and was not applied (503: log unavailable, 507: disk full)."""
+
+    status, error_type = 503, "NotDurable"
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(message)
+        self.status = status

@@ -1,0 +1,109 @@
+"""One collection in memory: the document store (id → slot → text, metadata) over a VectorSet.
+
+Only the committer thread of LocalIndex changes a collection, after the change is durable in the
+log; searches and reads run beside it without a lock: the per-slot document list only grows or
+has entries set to None, and a slot's vector never changes once written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
+from service.index.filters import compile_filter
+from service.index.vectors import VectorSet
+
+
+class Collection:
+    def __init__(self, spec: CollectionSpec, background: bool = True):
+        self.spec = spec
+        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background)
+        self._docs: list[Document | None] = []  # by slot
+        self._slot_of: dict[str, int] = {}
+        self.sequence = 0
+        self.frozen: str | None = None  # why writes are refused for now (a re-embed is reading it)
+
+    def __len__(self) -> int:
+        return self.vectors.count
+
+    def info(self) -> CollectionInfo:
+        s = self.spec
+        return CollectionInfo(s.name, s.dimension, s.index_type, s.model, len(self), self.sequence,
+                              self.vectors.ann_ready)
+
+    # writes (the committer thread, after the log holds them) ------------------------------------
+
+    def upsert(self, documents: list[Document], vectors: np.ndarray) -> None:
+        self._remove([d.id for d in documents])
+        slots = self.vectors.append(vectors)
+        self._docs.extend(documents)
+        for slot, doc in zip(slots.tolist(), documents):
+            self._slot_of[doc.id] = slot
+
+    def delete(self, ids: list[str]) -> int:
+        return self._remove(ids)
+
+    def _remove(self, ids: list[str]) -> int:
+        slots = [self._slot_of.pop(i) for i in ids if i in self._slot_of]
+        for slot in slots:
+            self._docs[slot] = None
+        self.vectors.kill(np.asarray(slots, dtype=np.int64))
+        return len(slots)
+
+    def close(self) -> None:
+        self.vectors.close()
+
+    # reads ------------------------------------------------------------------------------------
+
+    def ids_matching(self, filter_spec: dict[str, Any]) -> list[str]:
+        predicate = compile_filter(filter_spec)
+        return [d.id for d in list(self._docs) if d is not None and predicate(d.metadata)]
+
+    def get(self, ids: list[str], with_vector: bool = False) -> list[Record]:
+        records = []
+        for i in ids:
+            slot = self._slot_of.get(i)
+            doc = self._docs[slot] if slot is not None else None
+            if doc is not None:
+                vector = self.vectors.vector(slot).tolist() if with_vector else None
+                records.append(Record(doc.id, doc.text, doc.metadata, vector))
+        return records
+
+    def scan(self, batch: int):
+        for start in range(0, len(self._docs), batch):
+            docs = [d for d in self._docs[start: start + batch] if d is not None]
+            if docs:
+                yield [Record(d.id, d.text, d.metadata) for d in docs]
+
+    def search(self, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
+        allowed = None
+        if params.filter is not None:
+            predicate = compile_filter(params.filter)
+            docs = list(self._docs)
+            allowed = np.fromiter((i for i, d in enumerate(docs) if d is not None and predicate(d.metadata)),
+                                  dtype=np.int64)
+        scores, slots = self.vectors.search(queries, params.k, allowed, params.ef_search, params.nprobe)
+        results = []
+        for row_scores, row_slots in zip(scores.tolist(), slots.tolist()):
+            hits = []
+            for score, slot in zip(row_scores, row_slots):
+                doc = self._docs[slot] if slot >= 0 else None
+                if doc is None or (params.score_threshold is not None and score < params.score_threshold):
+                    continue
+                hits.append(Hit(doc.id, doc.text if params.with_text else None,
+                                doc.metadata if params.with_metadata else None,
+                                self.vectors.vector(slot).tolist() if params.with_vector else None, score))
+            results.append(hits)
+        return results
+
+    # snapshots --------------------------------------------------------------------------------
+
+    def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document]]:
+        """(spec, vectors, live rows, their documents), called by the committer between writes; the
+        snapshot thread gathers vectors[rows] later, as written rows never change."""
+        vectors, live = self.vectors.view()
+        rows = np.flatnonzero(live)
+        docs = self._docs[: len(live)]
+        return self.spec, vectors, rows, [docs[r] for r in rows.tolist()]

@@ -1,0 +1,442 @@
+"""LocalIndex: collections in this process, made durable by a write-ahead log and snapshots.
+
+A write is checked in the caller's thread, then handed to one committer thread, which appends
+it to the log, fsyncs, applies it in memory and only then answers. Writers that arrive while an
+fsync runs are appended together and share the next one (group commit), so concurrent writers
+cost one fsync per group, not one each. A write the disk refuses is cut back out of the log and
+never applied. Every N writes or T seconds the committer captures the collections (cheap: written
+vectors never change) and a snapshot thread writes them (write, fsync, rename, fsync the folder);
+start-up loads the newest complete snapshot and replays the log after it.
+
+One node, one writer: several replicas must not each hold their own copy (use MilvusIndex).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.index.base import (
+    CollectionExists,
+    CollectionInfo,
+    CollectionNotFound,
+    CollectionSpec,
+    Document,
+    Hit,
+    InvalidRequest,
+    ModelStamp,
+    NotDurable,
+    Record,
+    SearchParams,
+    WriteResult,
+)
+from service.index.collection import Collection
+from service.index.filters import compile_filter
+from service.index.validation import check_collection_name, check_id, check_metadata
+from service.index.vectors import parse_index_type
+from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
+
+log = logging.getLogger("sembed.index")
+
+_LEN = struct.Struct("<I")
+MAX_GROUP = 256  # writes per group commit
+STAGING = "_staging_"  # a collection being rebuilt under this prefix is invisible until it replaces its target
+
+
+def _encode(op: dict[str, Any], blob: bytes = b"") -> bytes:
+    head = json.dumps(op, separators=(",", ":"), ensure_ascii=False).encode()
+    return _LEN.pack(len(head)) + head + blob
+
+
+def _decode(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    (n,) = _LEN.unpack_from(payload)
+    return json.loads(payload[4: 4 + n]), payload[4 + n:]
+
+
+def _stamp(model: dict | None) -> ModelStamp | None:
+    return ModelStamp(**model) if model else None
+
+
+class LocalIndex:
+    def __init__(self, path: str | Path | None = None, fsync: bool = True, snapshot_every_ops: int = 10_000,
+                 snapshot_every_s: float = 300.0, background: bool = True):
+        self.path = Path(path) if path else None
+        self.snapshot_every_ops = snapshot_every_ops
+        self.snapshot_every_s = snapshot_every_s
+        self._background = background
+        self._collections: dict[str, Collection] = {}
+        self._seq = 0
+        self._since_snapshot = 0
+        self._last_snapshot = time.monotonic()
+        self._queue: queue.Queue = queue.Queue()
+        self._snapshot_lock = threading.Lock()  # one snapshot written at a time
+        self._snapshot_thread: threading.Thread | None = None
+        self._wal = None
+        if self.path:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._wal = WriteAheadLog(self.path / "wal", fsync=fsync)
+            self._recover()
+            self._wal.open()
+        self._committer = threading.Thread(target=self._commit_loop, name="index-committer", daemon=True)
+        self._committer.start()
+
+    # the VectorIndex interface ------------------------------------------------------------------
+
+    def create_collection(self, spec: CollectionSpec, exist_ok: bool = False) -> CollectionInfo:
+        check_collection_name(spec.name)
+        if not 1 <= spec.dimension <= 65536:
+            raise InvalidRequest(f"dimension must be between 1 and 65536, not {spec.dimension}")
+        parse_index_type(spec.index_type, spec.dimension)
+        existing = self._collections.get(spec.name)
+        if existing is not None and exist_ok and existing.spec.dimension == spec.dimension:
+            return existing.info()
+        model = asdict(spec.model) if spec.model else None
+        self._submit({"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
+                      "model": model, "exist_ok": exist_ok})
+        return self.info(spec.name)
+
+    def drop_collection(self, name: str) -> WriteResult:
+        return self._submit({"op": "drop", "c": name})
+
+    def list_collections(self) -> list[CollectionInfo]:
+        return [c.info() for n, c in sorted(self._collections.items()) if not n.startswith(STAGING)]
+
+    def info(self, name: str) -> CollectionInfo:
+        return self._get(name).info()
+
+    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult:
+        collection = self._get(name)
+        vectors = _check_vectors(vectors, len(documents), collection.spec.dimension)
+        seen = set()
+        for d in documents:
+            check_id(d.id)
+            check_metadata(d.metadata, f"metadata of {d.id!r}")
+            if d.id in seen:
+                raise InvalidRequest(f"document id {d.id!r} appears twice in one write")
+            seen.add(d.id)
+        op = {"op": "upsert", "c": name, "docs": [[d.id, d.text, d.metadata] for d in documents]}
+        return self._submit(op, vectors.tobytes())
+
+    def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[Record]:
+        return self._get(name).get(ids, with_vector)
+
+    def delete(self, name: str, ids: list[str] | None = None, filter: dict[str, Any] | None = None) -> WriteResult:
+        if (ids is None) == (filter is None):
+            raise InvalidRequest("delete takes either ids or a filter")
+        self._get(name)
+        if filter is not None:
+            compile_filter(filter)  # refuse a bad filter before it is queued
+        return self._submit({"op": "delete", "c": name, "ids": ids, "filter": filter})
+
+    def clear(self, name: str) -> WriteResult:
+        return self._submit({"op": "clear", "c": name})
+
+    def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
+        collection = self._get(name)
+        queries = _check_vectors(queries, len(queries), collection.spec.dimension)
+        if params.k < 1:
+            raise InvalidRequest("k must be at least 1")
+        return collection.search(queries, params)
+
+    def scan(self, name: str, batch: int = 1000):
+        return self._get(name).scan(batch)
+
+    def replace_collection(self, spec: CollectionSpec, batches) -> WriteResult:
+        """Fill a hidden staging collection from (documents, vectors) batches, then swap it in with one
+        logged rename; writes to the target are refused meanwhile, so none is lost by the swap."""
+        target = self._get(spec.name)
+        if target.frozen:
+            raise CollectionExists(f"collection {spec.name!r} is already being rebuilt")
+        staging = CollectionSpec(STAGING + spec.name, spec.dimension, spec.index_type, spec.model)
+        target.frozen = "it is being re-embedded"
+        try:
+            if staging.name in self._collections:
+                self._submit({"op": "drop", "c": staging.name})
+            self._submit({"op": "create", "c": staging.name, "dim": staging.dimension, "type": staging.index_type,
+                          "model": asdict(spec.model) if spec.model else None, "exist_ok": False})
+            for documents, vectors in batches:
+                self.upsert(staging.name, documents, vectors)
+            return self._submit({"op": "rename", "c": staging.name, "to": spec.name})
+        finally:
+            target.frozen = None
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._committer.join(timeout=30)
+        if self._snapshot_thread is not None:
+            self._snapshot_thread.join(timeout=600)
+        if self._wal:
+            self._wal.close()
+        for c in self._collections.values():
+            c.close()
+
+    def snapshot(self) -> int:
+        """Take a snapshot now (waits for it); returns its sequence number."""
+        return self._submit({"op": "snapshot"}).sequence
+
+    # the committer ------------------------------------------------------------------------------
+
+    def _get(self, name: str) -> Collection:
+        collection = self._collections.get(name)
+        if collection is None:
+            raise CollectionNotFound(f"no collection named {name!r}")
+        return collection
+
+    def _submit(self, op: dict[str, Any], blob: bytes = b"") -> WriteResult:
+        future: Future = Future()
+        self._queue.put((op, blob, future))
+        return future.result()
+
+    def _commit_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < MAX_GROUP:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            self._commit(batch)
+            self._maybe_snapshot()
+
+    def _commit(self, batch) -> None:
+        group: list = []
+        start = (0, 0)  # the log's position before the group, to cut it back if its fsync fails
+        for op, blob, future in batch:
+            if op["op"] == "snapshot":
+                self._flush(group, start)
+                group = []
+                try:
+                    future.set_result(WriteResult(0, self._start_snapshot(wait=True), 0))
+                except Exception as e:
+                    future.set_exception(e)
+                continue
+            try:
+                op = self._prepare(op)
+                if op is None:  # nothing to log: the answer is known
+                    future.set_result(WriteResult(0, self._seq, 0))
+                    continue
+                if not group and self._wal:
+                    start = self._wal.position
+                seq = self._wal.append(_encode(op, blob)) if self._wal else self._seq + len(group) + 1
+            except Exception as e:
+                future.set_exception(e)
+                continue
+            group.append((seq, op, blob, future))
+            if op["op"] != "upsert" and op["op"] != "delete":  # structure changes: later writes see them
+                self._flush(group, start)
+                group = []
+        self._flush(group, start)
+
+    def _prepare(self, op: dict[str, Any]) -> dict[str, Any] | None:
+        """Checks against the current state, and resolves a delete filter to ids (replay is then exact)."""
+        name, kind = op["c"], op["op"]
+        if kind == "create":
+            existing = self._collections.get(name)
+            if existing is not None:
+                if op.get("exist_ok") and existing.spec.dimension == op["dim"]:
+                    return None
+                raise CollectionExists(f"collection {name!r} exists (dimension {existing.spec.dimension}, "
+                                       f"{existing.spec.index_type})")
+            return op
+        collection = self._get(name)
+        if collection.frozen and kind != "rename" and not name.startswith(STAGING):
+            raise CollectionExists(f"collection {name!r} does not take writes now: {collection.frozen}; retry later")
+        if kind == "delete" and op.get("filter") is not None:
+            return {"op": "delete", "c": name, "ids": collection.ids_matching(op["filter"])}
+        return op
+
+    def _flush(self, group, start: tuple[int, int]) -> None:
+        if not group:
+            return
+        try:
+            if self._wal:
+                self._wal.sync()
+        except NotDurable as e:
+            self._wal.undo_unsynced(*start)
+            for *_, future in group:
+                future.set_exception(e)
+            return
+        for seq, op, blob, future in group:
+            try:
+                count = self._apply(seq, op, blob)
+                total = len(self._collections[op["to"] if op["op"] == "rename" else op["c"]]) \
+                    if op["op"] != "drop" else 0
+                future.set_result(WriteResult(count, seq, total))
+            except Exception as e:  # a bug, not a bad request: the log holds it, replay will retry it
+                log.exception("applying log record %d failed", seq)
+                future.set_exception(e)
+
+    def _apply(self, seq: int, op: dict[str, Any], blob: bytes) -> int:
+        """Apply one logged write in memory; the same code replays the log at start."""
+        self._seq = seq
+        self._since_snapshot += 1
+        kind, name = op["op"], op["c"]
+        if kind == "create":
+            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]))
+            self._collections[name] = Collection(spec, background=self._background)
+            self._collections[name].sequence = seq
+            return 0
+        collection = self._collections[name]
+        if kind == "drop":
+            del self._collections[name]
+            collection.close()
+            return len(collection)
+        collection.sequence = seq
+        if kind == "upsert":
+            docs = [Document(i, t, m) for i, t, m in op["docs"]]
+            vectors = np.frombuffer(blob, dtype=np.float32).reshape(len(docs), collection.spec.dimension)
+            collection.upsert(docs, vectors)
+            return len(docs)
+        if kind == "delete":
+            return collection.delete(op["ids"])
+        if kind == "clear":
+            n = len(collection)
+            self._collections[name] = Collection(collection.spec, background=self._background)
+            self._collections[name].sequence = seq
+            collection.close()
+            return n
+        if kind == "rename":
+            target = op["to"]
+            old = self._collections.pop(target, None)
+            del self._collections[name]
+            collection.spec = CollectionSpec(target, collection.spec.dimension, collection.spec.index_type,
+                                             collection.spec.model)
+            self._collections[target] = collection
+            if old is not None:
+                old.close()
+            return len(collection)
+        raise CorruptLog(f"unknown log record {kind!r} at sequence {seq}")
+
+    # snapshots and recovery ----------------------------------------------------------------------
+
+    def _maybe_snapshot(self) -> None:
+        if not self._wal or not self._since_snapshot:
+            return
+        if (self._since_snapshot >= self.snapshot_every_ops
+                or time.monotonic() - self._last_snapshot >= self.snapshot_every_s):
+            self._start_snapshot(wait=False)
+
+    def _start_snapshot(self, wait: bool) -> int:
+        """Capture the state at the last applied sequence (committer thread) and write it in the background."""
+        if not self._wal:
+            return self._seq
+        if not self._snapshot_lock.acquire(blocking=wait):
+            return self._seq  # one is being written; the next trigger takes another
+        seq = self._seq
+        state = [c.capture() for c in self._collections.values()]
+        self._wal.rotate()
+        self._since_snapshot, self._last_snapshot = 0, time.monotonic()
+
+        def write():
+            try:
+                self._write_snapshot(seq, state)
+            except Exception:
+                log.exception("snapshot at %d failed; the log still holds every write", seq)
+            finally:
+                self._snapshot_lock.release()
+
+        if wait:
+            write()
+        else:
+            self._snapshot_thread = threading.Thread(target=write, name="index-snapshot", daemon=True)
+            self._snapshot_thread.start()
+        return seq
+
+    def _write_snapshot(self, seq: int, state) -> None:
+        folder = self.path / "snapshots"
+        folder.mkdir(exist_ok=True)
+        final = folder / f"{seq:020d}"
+        if final.exists():
+            return
+        tmp = folder / f"{seq:020d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        manifest = {"sequence": seq, "collections": []}
+        for i, (spec, vectors, rows, docs) in enumerate(state):
+            with open(tmp / f"{i}.npy", "wb") as f:
+                np.save(f, vectors[rows])
+                f.flush()
+                os.fsync(f.fileno())
+            with open(tmp / f"{i}.docs.jsonl", "w", encoding="utf-8") as f:
+                for d in docs:
+                    f.write(json.dumps([d.id, d.text, d.metadata], ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            manifest["collections"].append({"file": i, "name": spec.name, "dimension": spec.dimension,
+                                            "index_type": spec.index_type,
+                                            "model": asdict(spec.model) if spec.model else None})
+        with open(tmp / "manifest.json", "w") as f:
+            json.dump(manifest, f)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        os.rename(tmp, final)
+        fsync_dir(folder)
+        for old in folder.iterdir():
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+        self._wal.drop_before(seq)
+        log.info("snapshot at sequence %d written (%d collections)", seq, len(state))
+
+    def _recover(self) -> None:
+        folder = self.path / "snapshots"
+        snapshots = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.endswith(".tmp")
+                           and (p / "manifest.json").is_file()) if folder.is_dir() else []
+        after = 0
+        if snapshots:
+            after = self._load_snapshot(snapshots[-1])
+        expected = after + 1
+        for seq, payload in self._wal.replay(after):
+            if seq != expected:
+                raise CorruptLog(f"the log jumps from sequence {expected - 1} to {seq}: records are missing")
+            op, blob = _decode(payload)
+            self._apply(seq, op, blob)
+            expected = seq + 1
+        self._seq = max(self._seq, after)
+        self._since_snapshot = 0
+        log.info("index at %s recovered: %d collections, sequence %d", self.path, len(self._collections), self._seq)
+
+    def _load_snapshot(self, folder: Path) -> int:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for entry in manifest["collections"]:
+            spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]))
+            collection = Collection(spec, background=self._background)
+            vectors = np.load(folder / f"{entry['file']}.npy", allow_pickle=False)
+            with open(folder / f"{entry['file']}.docs.jsonl", encoding="utf-8") as f:
+                docs = [Document(*json.loads(line)) for line in f]
+            if len(docs) != len(vectors):
+                raise CorruptLog(f"snapshot {folder}: {len(docs)} documents for {len(vectors)} vectors")
+            if docs:
+                collection.upsert(docs, vectors)
+            collection.sequence = manifest["sequence"]
+            self._collections[spec.name] = collection
+        self._seq = manifest["sequence"]
+        return manifest["sequence"]
+
+
+def _check_vectors(vectors: Any, rows: int, dimension: int) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape != (rows, dimension):
+        raise InvalidRequest(f"expected vectors of shape ({rows}, {dimension}), got {tuple(vectors.shape)}")
+    if not np.isfinite(vectors).all():
+        raise InvalidRequest("vectors must hold finite numbers (no NaN or infinity)")
+    return np.ascontiguousarray(vectors)

@@ -1,0 +1,76 @@
+"""What may be stored: document ids and metadata are checked at write time, so nothing stored can
+break a later read (a 400-level nesting once made every search that returned it fail, for good)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from service.index.base import InvalidRequest
+
+# Letters, digits and _-.:@, not starting with a dot: no '/', so an id is one path segment, and no
+# '.' or '..', which HTTP clients normalise away (DELETE /index/documents/.. became DELETE /index).
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_\-:@][A-Za-z0-9_\-.:@]{0,255}$")
+ID_RULE = "1-256 characters of letters, digits and _-.:@, not starting with '.'"
+COLLECTION_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+COLLECTION_RULE = "a letter, then up to 63 letters, digits or _"
+
+MAX_METADATA_DEPTH = 8
+MAX_METADATA_KEYS = 256  # keys at all levels together
+MAX_METADATA_BYTES = 16_384  # as compact JSON
+MAX_KEY_CHARS = 128
+INT64 = 2**63
+
+
+def check_id(doc_id: Any) -> str:
+    if not isinstance(doc_id, str) or not ID_PATTERN.match(doc_id):
+        raise InvalidRequest(f"invalid document id {str(doc_id)[:80]!r}: ids are {ID_RULE}")
+    return doc_id
+
+
+def check_collection_name(name: Any) -> str:
+    if not isinstance(name, str) or not COLLECTION_PATTERN.match(name):
+        raise InvalidRequest(f"invalid collection name {str(name)[:80]!r}: names are {COLLECTION_RULE}")
+    return name
+
+
+def check_metadata(metadata: Any, where: str = "metadata") -> dict[str, Any]:
+    if not isinstance(metadata, dict):
+        raise InvalidRequest(f"{where} must be a JSON object")
+    keys = _walk(metadata, where, 1)
+    if keys > MAX_METADATA_KEYS:
+        raise InvalidRequest(f"{where} has {keys} keys; at most {MAX_METADATA_KEYS}")
+    size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidRequest(f"{where} is {size} bytes as JSON; at most {MAX_METADATA_BYTES}")
+    return metadata
+
+
+def _walk(value: Any, where: str, depth: int) -> int:
+    """Checks types, depth and finiteness; returns the number of keys below `value`."""
+    if depth > MAX_METADATA_DEPTH:
+        raise InvalidRequest(f"{where} is nested deeper than {MAX_METADATA_DEPTH} levels")
+    if isinstance(value, dict):
+        keys = len(value)
+        for k, v in value.items():
+            if not isinstance(k, str) or not k or len(k) > MAX_KEY_CHARS or k.startswith("$"):
+                raise InvalidRequest(f"{where}: keys are 1-{MAX_KEY_CHARS} characters, not starting with '$'")
+            keys += _walk(v, f"{where}.{k}", depth + 1)
+            if keys > MAX_METADATA_KEYS:  # stop early on a huge object
+                return keys
+        return keys
+    if isinstance(value, list):
+        return sum(_walk(v, f"{where}[]", depth + 1) for v in value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return 0
+    if isinstance(value, int):
+        if not -INT64 <= value < INT64:
+            raise InvalidRequest(f"{where}: integer {value} is outside the 64-bit range")
+        return 0
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidRequest(f"{where}: numbers must be finite")
+        return 0
+    raise InvalidRequest(f"{where}: unsupported value of type {type(value).__name__}")

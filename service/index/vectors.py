@@ -1,0 +1,270 @@
+"""A collection's vectors: an append-only store of slots, and an ANN structure built beside it.
+
+Every vector lives in a slot of a float32 array that only grows; replacing or deleting a document
+kills its slot (a tombstone), so a write costs O(batch) whatever the collection's size. The ANN
+structure (a FAISS factory string: HNSW32, IVF1024,SQ8, IVF1024,PQ48) is derived from the slots
+by a background builder: it covers slots [0, covered), and search adds an exact pass over the
+slots written since. So writes never wait for graph insertion or IVF training; an IVF index that
+has too few vectors to train is simply exact until it has enough; and when tombstones pass a
+fraction of what the structure covers, it is rebuilt from the live slots and swapped in.
+`Flat` has no structure: exact search over the slots, as FAISS's IndexFlatIP does.
+
+Filters arrive as the list of allowed slots. Few of them: exact search over just those. Many: the
+ANN structure searches with an ID selector; if that returns fewer hits than exist, exact search
+over the allowed slots answers instead, so a filtered search is never silently short.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+from service.index.base import InvalidRequest
+
+_HNSW = re.compile(r"^HNSW(\d{1,3})$")
+_IVF = re.compile(r"^IVF(\d{1,6}),(SQ8|PQ(\d{1,3})(?:x(\d))?)$")
+MAX_EF_SEARCH = 4096
+DEFAULT_EF_SEARCH = 128
+DEFAULT_NPROBE = 16
+EXACT_BELOW = 20_000  # allowed slots up to this many: exact search over them beats a selector walk
+REBUILD_FRACTION = 0.2  # rebuild the structure once this share of what it covers is dead
+BUILD_CHUNK = 2048  # rows added to the structure per lock hold, so searches interleave
+
+
+@dataclass(frozen=True)
+class IndexType:
+    spec: str
+    kind: str  # flat | hnsw | ivf
+    hnsw_m: int = 0
+    nlist: int = 0
+    pq_m: int = 0
+    pq_bits: int = 8
+
+    @property
+    def min_train(self) -> int:
+        """Vectors needed before the structure is built (FAISS's advice: 39 per IVF list)."""
+        if self.kind != "ivf":
+            return 1
+        return max(39 * self.nlist, 39 * 2**self.pq_bits if self.pq_m else 0)  # FAISS: 39 points per centroid
+
+
+def parse_index_type(spec: str, dimension: int) -> IndexType:
+    if spec == "Flat":
+        return IndexType(spec, "flat")
+    if m := _HNSW.match(spec):
+        hnsw_m = int(m.group(1))
+        if not 4 <= hnsw_m <= 128:
+            raise InvalidRequest(f"index type {spec!r}: HNSW takes 4 to 128 links per node")
+        return IndexType(spec, "hnsw", hnsw_m=hnsw_m)
+    if m := _IVF.match(spec):
+        nlist, pq_m, pq_bits = int(m.group(1)), int(m.group(3) or 0), int(m.group(4) or 8)
+        if not 1 <= nlist <= 65536:
+            raise InvalidRequest(f"index type {spec!r}: IVF takes 1 to 65536 lists")
+        if pq_m and dimension % pq_m:
+            raise InvalidRequest(f"index type {spec!r}: PQ{pq_m} must divide the dimension {dimension}")
+        if not 1 <= pq_bits <= 8:
+            raise InvalidRequest(f"index type {spec!r}: PQ codes take 1 to 8 bits")
+        return IndexType(spec, "ivf", nlist=nlist, pq_m=pq_m, pq_bits=pq_bits)
+    raise InvalidRequest(f"unknown index type {spec!r}: use Flat, HNSW<M> (e.g. HNSW32), IVF<n>,SQ8 or "
+                         f"IVF<n>,PQ<m>[x<bits>]")
+
+
+class VectorSet:
+    """Slots + tombstones + a derived ANN structure. Writers hold the owner's lock; the builder
+    thread and searches share `_ann_lock`, since a FAISS index may not be searched while it grows."""
+
+    def __init__(self, dimension: int, index_type: str, background: bool = True):
+        self.dimension = dimension
+        self.type = parse_index_type(index_type, dimension)
+        self._vectors = np.empty((1024, dimension), dtype=np.float32)
+        self._live = np.zeros(1024, dtype=bool)
+        self.n = 0  # slots used
+        self.count = 0  # live slots
+        self._ann = None
+        self._covered = 0
+        self._dead_covered = 0
+        self._ann_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._builder = None
+        if self.type.kind != "flat" and background:
+            self._builder = threading.Thread(target=self._build_loop, daemon=True, name="ann-builder")
+            self._builder.start()
+
+    # writes (the owner serialises them) ---------------------------------------------------------
+
+    def append(self, vectors: np.ndarray) -> np.ndarray:
+        rows = len(vectors)
+        if self.n + rows > len(self._vectors):
+            cap = max(2 * len(self._vectors), self.n + rows)
+            grown = np.empty((cap, self.dimension), dtype=np.float32)
+            grown[: self.n] = self._vectors[: self.n]
+            live = np.zeros(cap, dtype=bool)
+            live[: self.n] = self._live[: self.n]
+            self._vectors, self._live = grown, live  # old arrays stay valid for readers holding them
+        slots = np.arange(self.n, self.n + rows, dtype=np.int64)
+        self._vectors[self.n: self.n + rows] = vectors
+        self._live[self.n: self.n + rows] = True
+        self.n += rows
+        self.count += rows
+        self._wake.set()
+        return slots
+
+    def kill(self, slots: np.ndarray) -> None:
+        if len(slots):
+            self._live[slots] = False
+            self.count -= len(slots)
+            self._dead_covered += int(np.count_nonzero(slots < self._covered))
+            self._wake.set()
+
+    def vector(self, slot: int) -> np.ndarray:
+        return self._vectors[slot]
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors, live) of the used slots, for a snapshot: rows never change once written."""
+        return self._vectors[: self.n], self._live[: self.n].copy()
+
+    @property
+    def ann_ready(self) -> bool:
+        return self.type.kind == "flat" or (self._ann is not None and self._covered >= self.n - BUILD_CHUNK)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._builder is not None:
+            self._builder.join(timeout=10)
+
+    # search -----------------------------------------------------------------------------------
+
+    def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None,
+               ef_search: int | None = None, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, slots), each (len(queries), k'), best first; padded with -inf / -1."""
+        vectors, n = self._vectors, self.n
+        live = self._live[:n].copy()
+        self._check_params(k, ef_search, nprobe)
+        if allowed is None:
+            candidates = int(live.sum())
+        else:
+            allowed = allowed[live[allowed]]
+            candidates = len(allowed)
+        k = min(k, candidates)
+        if k == 0:
+            return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
+        if self._ann is None or (allowed is not None and candidates <= EXACT_BELOW):
+            return self._exact(queries, vectors, live, k, allowed)
+        with self._ann_lock:
+            covered = self._covered
+            scores, slots = self._ann_search(queries, k, live, allowed, ef_search, nprobe)
+        if covered < n:  # the slots the builder has not reached yet
+            tail = np.arange(covered, n)
+            tail = tail[live[tail]] if allowed is None else allowed[allowed >= covered]
+            ts, tl = self._exact(queries, vectors, live, min(k, len(tail)), tail)
+            scores, slots = _merge(scores, slots, ts, tl, k)
+        if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
+            return self._exact(queries, vectors, live, k, allowed)
+        return scores, slots
+
+    def _check_params(self, k: int, ef_search: int | None, nprobe: int | None) -> None:
+        if ef_search is not None and not max(k, 1) <= ef_search <= MAX_EF_SEARCH:
+            raise InvalidRequest(f"ef_search must be between k ({k}) and {MAX_EF_SEARCH}")
+        if nprobe is not None and not 1 <= nprobe <= max(self.type.nlist, 1):
+            raise InvalidRequest(f"nprobe must be between 1 and the number of IVF lists ({self.type.nlist})")
+
+    @staticmethod
+    def _exact(queries, vectors, live, k, allowed):
+        if allowed is None:
+            rows = np.flatnonzero(live)
+        else:
+            rows = np.asarray(allowed, dtype=np.int64)
+        if k == 0 or len(rows) == 0:
+            return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
+        # Contiguous live slots need no gather: score the block and mask the dead.
+        if allowed is None and len(rows) > 0.5 * len(live):
+            scores = queries @ vectors[: len(live)].T
+            scores[:, ~live] = -np.inf
+            rows = None
+        else:
+            scores = queries @ vectors[rows].T
+        k = min(k, scores.shape[1])
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        top_scores = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        top = np.take_along_axis(top, order, axis=1)
+        slots = top if rows is None else rows[top]
+        return np.take_along_axis(top_scores, order, axis=1).astype(np.float32), slots.astype(np.int64)
+
+    def _ann_search(self, queries, k, live, allowed, ef_search, nprobe):
+        covered = self._covered
+        selector = None
+        if allowed is not None:
+            selector = faiss.IDSelectorBatch(allowed[allowed < covered])
+        elif not live[:covered].all():  # tombstones inside the structure: skip them
+            bitmap = np.packbits(live[:covered], bitorder="little")
+            selector = faiss.IDSelectorBitmap(covered, faiss.swig_ptr(bitmap))
+        if self.type.kind == "hnsw":
+            params = faiss.SearchParametersHNSW(efSearch=max(ef_search or DEFAULT_EF_SEARCH, k))
+        else:
+            params = faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
+        if selector is not None:
+            params.sel = selector
+        scores, slots = self._ann.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=params)
+        scores[slots < 0] = -np.inf
+        return scores, slots
+
+    # the builder ------------------------------------------------------------------------------
+
+    def _new_structure(self, vectors: np.ndarray):
+        t = self.type
+        if t.kind == "hnsw":
+            return faiss.IndexIDMap(faiss.IndexHNSWFlat(self.dimension, t.hnsw_m, faiss.METRIC_INNER_PRODUCT))
+        quantizer = "SQ8" if not t.pq_m else f"PQ{t.pq_m}x{t.pq_bits}"
+        index = faiss.index_factory(self.dimension, f"IVF{t.nlist},{quantizer}", faiss.METRIC_INNER_PRODUCT)
+        sample = vectors
+        if len(sample) > 256 * t.nlist:  # FAISS samples this many itself; sample here to save the copy
+            pick = np.random.default_rng(0).choice(len(sample), 256 * t.nlist, replace=False)
+            sample = sample[np.sort(pick)]
+        index.train(np.ascontiguousarray(sample))
+        return index
+
+    def build_now(self) -> None:
+        """Bring the structure up to date in the calling thread (tests, and the builder loop)."""
+        if self.type.kind == "flat":
+            return
+        if self._ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
+            n = self.n
+            live_rows = np.flatnonzero(self._live[:n])
+            if len(live_rows) < self.type.min_train:
+                return
+            vectors = self._vectors[live_rows]
+            ann = self._new_structure(vectors)
+            for i in range(0, len(live_rows), BUILD_CHUNK * 8):
+                ann.add_with_ids(vectors[i: i + BUILD_CHUNK * 8], live_rows[i: i + BUILD_CHUNK * 8])
+            dead_since = int(np.count_nonzero(~self._live[live_rows]))  # killed while we built
+            with self._ann_lock:
+                self._ann, self._covered, self._dead_covered = ann, n, dead_since
+        while self._covered < self.n and not self._closed:
+            start = self._covered
+            end = min(self.n, start + BUILD_CHUNK)
+            rows = np.arange(start, end, dtype=np.int64)
+            with self._ann_lock:
+                self._ann.add_with_ids(np.ascontiguousarray(self._vectors[start:end]), rows)
+                self._covered = end
+                self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
+
+    def _build_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if not self._closed:
+                self.build_now()
+
+
+def _merge(s1, i1, s2, i2, k):
+    scores = np.concatenate([s1, s2], axis=1)
+    slots = np.concatenate([i1, i2], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(slots, order, axis=1)

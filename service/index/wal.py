@@ -1,0 +1,185 @@
+"""The write-ahead log: every write is a record here, fsynced before it is applied or acknowledged.
+
+A record is a 20-byte header (magic, payload length, sequence number, CRC-32 of sequence and
+payload) and its payload. A crash can leave the last record torn (cut short, or with garbage
+after the last complete one); opening the log detects that by length and checksum and cuts it
+off: such a record was never acknowledged, since acknowledgement follows the fsync that covers
+it. A bad record anywhere but at the tail of the last segment is damage, not a crash, and opening
+refuses rather than silently drop acknowledged writes.
+
+The log is a folder of segments named by their first sequence number. A snapshot at sequence S
+starts a new segment, and segments wholly at or below the oldest kept snapshot are deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from service.index.base import NotDurable
+
+log = logging.getLogger("sembed.index")
+
+MAGIC = 0x314C4157  # "WAL1"
+HEADER = struct.Struct("<IIQI")
+MAX_RECORD = 1 << 30
+SUFFIX = ".wal"
+
+
+class CorruptLog(Exception):
+    pass
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _checksum(seq: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(struct.pack("<Q", seq)))
+
+
+def encode(seq: int, payload: bytes) -> bytes:
+    return HEADER.pack(MAGIC, len(payload), seq, _checksum(seq, payload)) + payload
+
+
+def _records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(seq, end offset, payload) of each valid record, stopping at the first invalid byte."""
+    pos = 0
+    while pos + HEADER.size <= len(data):
+        magic, length, seq, crc = HEADER.unpack_from(data, pos)
+        end = pos + HEADER.size + length
+        if magic != MAGIC or length > MAX_RECORD or end > len(data):
+            return
+        payload = data[pos + HEADER.size: end]
+        if _checksum(seq, payload) != crc:
+            return
+        yield seq, end, payload
+        pos = end
+
+
+class WriteAheadLog:
+    def __init__(self, folder: Path, fsync: bool = True):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.last_seq = 0  # the last sequence number written (durable once sync returns)
+        self._fd: int | None = None
+        self._offset = 0  # bytes of the current segment that hold complete records
+        self.broken: str | None = None  # why writes are refused, after a failed fsync
+
+    def segments(self) -> list[Path]:
+        return sorted(self.folder.glob(f"*{SUFFIX}"))
+
+    def replay(self, after: int) -> Iterator[tuple[int, bytes]]:
+        """Every record with a sequence number above `after`, in order; cuts a torn tail off."""
+        segments = self.segments()
+        expected = None
+        for i, segment in enumerate(segments):
+            data = segment.read_bytes()
+            end = 0
+            for seq, end, payload in _records(data):
+                if expected is not None and seq != expected:
+                    raise CorruptLog(f"{segment}: sequence {seq} follows {expected - 1}")
+                expected = seq + 1
+                self.last_seq = seq
+                if seq > after:
+                    yield seq, payload
+            if end < len(data):
+                if i < len(segments) - 1:
+                    raise CorruptLog(f"{segment}: {len(data) - end} bad bytes at offset {end}, before the last "
+                                     f"segment: the log is damaged")
+                log.warning("log %s: cut a torn tail of %d bytes at offset %d (a write not acknowledged)",
+                            segment, len(data) - end, end)
+                with open(segment, "r+b") as f:
+                    f.truncate(end)
+                    os.fsync(f.fileno())
+        self.last_seq = max(self.last_seq, after)
+
+    def open(self) -> None:
+        """Append after the last record (call after replay)."""
+        segments = self.segments()
+        if not segments:
+            self.rotate()
+            return
+        self._open(segments[-1])
+
+    def rotate(self) -> None:
+        """Start a new segment; the next record's sequence number names it."""
+        self.close()
+        self._open(self.folder / f"{self.last_seq + 1:020d}{SUFFIX}")
+        if self.fsync:
+            fsync_dir(self.folder)
+
+    def append(self, payload: bytes) -> int:
+        """Write one record (not yet durable); on failure nothing of it stays in the file."""
+        if self.broken:
+            raise NotDurable(f"the index log is unavailable ({self.broken}); restart the service", 503)
+        seq = self.last_seq + 1
+        record = encode(seq, payload)
+        try:
+            view = memoryview(record)
+            while view:  # os.write may write part of it
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            self._cut_back()
+            raise _not_durable(e) from e
+        self._offset += len(record)
+        self.last_seq = seq
+        return seq
+
+    def sync(self) -> None:
+        """Make every appended record durable. A failed fsync leaves the page cache's state unknown
+        (Linux may drop the dirty pages), so the log refuses writes from then on, as PostgreSQL does."""
+        if not self.fsync:
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            self.broken = f"fsync failed: {e.strerror or e}"
+            raise _not_durable(e) from e
+
+    def undo_unsynced(self, offset: int, seq: int) -> None:
+        """Drop records written after `offset` (their group's fsync failed)."""
+        self._offset, self.last_seq = offset, seq
+        self._cut_back()
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self._offset, self.last_seq
+
+    def _cut_back(self) -> None:
+        try:
+            os.ftruncate(self._fd, self._offset)  # O_APPEND: the next write lands at the new end
+        except OSError as e:
+            self.broken = f"could not cut a failed write back: {e}"
+
+    def drop_before(self, seq: int) -> None:
+        """Delete segments whose records all have sequence numbers <= seq."""
+        segments = self.segments()
+        for segment, following in zip(segments, segments[1:]):
+            if int(following.name[: -len(SUFFIX)]) <= seq + 1:
+                segment.unlink()
+
+    def _open(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._offset = os.lseek(self._fd, 0, os.SEEK_END)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _not_durable(e: OSError) -> NotDurable:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NotDurable(f"the index volume is full ({e.strerror}); the write was not applied", 507)
+    return NotDurable(f"the index volume refused the write ({e.strerror or e}); the write was not applied", 503)
