@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.auth import ApiKeys
 from service.engine import EngineError
 from service.errors import ERROR_RESPONSES, ApiError, error_body, to_api_error
-from service.index import FaissIndex
+from service.index import DEFAULT_COLLECTION, CollectionSpec, IndexError_, ModelStamp, open_index
 from service.metrics import Metrics
 from service.middleware import RequestGuard
 from service.registry import ModelRegistry
@@ -44,14 +44,17 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
             info = engine.info
             metrics.model_info.labels(name, str(info.dimension), str(info.max_seq_length), info.device,
                                       str(info.manifest.get("onnx_sha256", ""))).set(1)
-        app.state.index = FaissIndex(reg.get().info.dimension, settings.index_path)
-        metrics.index_documents.set(len(app.state.index))
         app.state.registry = reg
+        app.state.index = await run_in_threadpool(_open_index, settings, reg)
+        metrics.index_documents.set(app.state.index.info(DEFAULT_COLLECTION).count)
         log.info("serving %s", ", ".join(reg.names()))
         yield
         await run_in_threadpool(reg.stop)
+        await run_in_threadpool(app.state.index.close)
 
-    app = FastAPI(title="sembed", version="0.2.0", lifespan=lifespan, responses=ERROR_RESPONSES,
+    # redirect_slashes off: an id of ".." normalised away by a client (DELETE /index/documents/.. becomes
+    # DELETE /index/) must find no route, not be redirected to one that clears the index.
+    app = FastAPI(title="sembed", version="0.3.0", lifespan=lifespan, responses=ERROR_RESPONSES, redirect_slashes=False,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.")
     app.state.settings = settings
     app.state.metrics = metrics
@@ -66,7 +69,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         return Response(orjson.dumps(body), status_code=error.status, headers=error.headers,
                         media_type="application/json")
 
-    for kind in (ApiError, EngineError, RequestValidationError, StarletteHTTPException, Exception):
+    for kind in (ApiError, EngineError, IndexError_, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
     app.include_router(tei.router)
@@ -83,3 +86,21 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["x-request-id", "x-compute-time", "x-total-time"], max_age=600)
     return app
+
+
+def _open_index(settings: Settings, reg: ModelRegistry):
+    """The configured index, with the default collection stamped by the default model (made if absent)."""
+    index = open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri,
+                       **({"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
+                           "snapshot_every_s": settings.index_snapshot_every_s}
+                          if settings.index_backend == "local" else {}))
+    info = reg.get().info
+    stamp = ModelStamp(reg.default, info.graph_sha256)
+    index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp),
+                            exist_ok=True)
+    current = index.info(DEFAULT_COLLECTION).model
+    if current != stamp:
+        log.warning("the default collection was embedded by %s, not %s: text requests to it are refused until "
+                    "POST /admin/collections/default/reembed", current.describe() if current else "client vectors",
+                    stamp.describe())
+    return index

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import engine
+from service.index import IndexError_
 from service.registry import ModelNotFound
 
 
@@ -46,10 +47,12 @@ _OPENAI_CODES = {"Unauthorized": "invalid_api_key", "NotFound": "model_not_found
 
 
 _STATUS_MEANINGS = {400: "the body could not be read", 401: "no or wrong API key", 403: "admin routes closed",
-                    404: "no such model, document or route", 408: "headers or body too slow",
+                    404: "no such model, collection, document or route", 408: "headers or body too slow",
+                    409: "collection exists, is being rebuilt, or was embedded by another model",
                     413: "body over max_request_bytes", 415: "body not labelled JSON", 422: "invalid request",
                     424: "the model failed on an input", 429: "no free permit: retry after Retry-After",
-                    503: "not ready, shutting down, or queued past the deadline"}
+                    503: "not ready, shutting down, queued past the deadline, or the index log unavailable",
+                    507: "the index volume is full: the write was not applied"}
 #: every route may answer these (documented once, on the app: the guard applies them everywhere)
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/json": {"schema": {"type": "object"}}}}
@@ -66,6 +69,9 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
         if isinstance(exc, kind):
             headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else {}
             return ApiError(status, str(exc), error_type, headers=headers)
+    if isinstance(exc, IndexError_):
+        headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else {}
+        return ApiError(exc.status, str(exc), exc.error_type, headers=headers)
     if isinstance(exc, RequestValidationError):
         detail = [{k: e[k] for k in ("loc", "msg", "type")} for e in exc.errors()]
         # Of a union's failures (`str | list[str]`), the one that is not a mere type mismatch says most.

@@ -105,14 +105,21 @@ class Token(BaseModel):
     stop: int | None
 
 
+# --- the search index -----------------------------------------------------------------------------------
+IncludeField = Literal["text", "metadata", "vector"]
+
+
 class DocumentIn(_Request):
-    id: str = Field(min_length=1, max_length=512)
-    text: str
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    id: str = Field(min_length=1, max_length=256, description="letters, digits and _-.:@, not starting with '.'")
+    text: str | None = Field(None, description="embedded by the service unless `vector` is given; stored")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="JSON object: depth <= 8, <= 256 keys, "
+                                     "<= 16 KB, finite numbers; searchable with `filter`")
+    vector: list[float] | None = Field(None, description="your own vector (the collection's dimension; "
+                                       "normalised here) instead of embedding `text`")
 
 
 class AddDocumentsRequest(_Request):
-    documents: list[DocumentIn] = Field(min_length=1)
+    documents: NonEmpty[DocumentIn]
 
     @field_validator("documents")
     @classmethod
@@ -127,22 +134,57 @@ class AddDocumentsRequest(_Request):
 
 class AddDocumentsResponse(BaseModel):
     added: int
-    total: int
+    total: int = Field(description="documents in the collection after the write")
+    sequence: int = Field(description="the write-ahead log's sequence number of this write: durable when "
+                          "the reply is sent")
 
 
-class DeleteDocumentsRequest(_Request):
-    ids: list[str] = Field(min_length=1)
+class DeleteRequest(_Request):
+    ids: NonEmpty[str] | None = None
+    filter: dict[str, Any] | None = Field(None, description="delete every document matching this filter")
 
 
 class DeleteDocumentsResponse(BaseModel):
     deleted: int
     total: int
+    sequence: int
+
+
+class GetDocumentsRequest(_Request):
+    ids: NonEmpty[str]
+    include: list[IncludeField] = Field(["text", "metadata"], description="fields to return")
+
+
+class DocumentOut(BaseModel):
+    id: str
+    text: str | None = None
+    metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
+
+
+class GetDocumentsResponse(BaseModel):
+    documents: list[DocumentOut] = Field(description="the documents found, in the order asked")
+    missing: list[str] = Field(description="ids not in the collection")
 
 
 class SearchRequest(_Request):
-    query: str | NonEmpty[str] = Field(examples=["Who plays the guitar?"])
+    query: str | NonEmpty[str] | None = Field(None, examples=["Who plays the guitar?"],
+                                               description="text(s) to embed and search with")
+    vector: NonEmpty[float] | NonEmpty[NonEmpty[float]] | None = Field(None, description="or your own query "
+                                                                        "vector(s)")
     k: int = Field(10, ge=1, description="hits per query")
+    filter: dict[str, Any] | None = Field(None, description="metadata filter, applied before ranking: "
+                                          "$eq $ne $in $nin $gt $gte $lt $lte $and $or (see the README)")
+    score_threshold: float | None = Field(None, description="only hits scoring at least this")
+    ef_search: int | None = Field(None, ge=1, description="HNSW: candidates explored (>= k; default 128)")
+    nprobe: int | None = Field(None, ge=1, description="IVF: lists visited (default 16)")
+    include: list[IncludeField] = Field(["text", "metadata"], description="fields returned with each hit")
 
+    @model_validator(mode="after")
+    def _one_query_kind(self):
+        if (self.query is None) == (self.vector is None):
+            raise ValueError("give either query (text) or vector")
+        return self
 
     @property
     def queries(self) -> list[str]:
@@ -152,12 +194,44 @@ class SearchRequest(_Request):
 class SearchHit(BaseModel):
     id: str
     score: float = Field(description="cosine similarity")
-    text: str
-    metadata: dict[str, Any]
+    text: str | None = None
+    metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
 
 
 class SearchResponse(BaseModel):
     results: list[list[SearchHit]] = Field(description="one ranked list per query, best first")
+
+
+class CreateCollectionRequest(_Request):
+    name: str = Field(examples=["papers"], description="a letter, then up to 63 letters, digits or _")
+    index_type: str = Field("Flat", description="Flat (exact), HNSW<M> (e.g. HNSW32), IVF<n>,SQ8 or IVF<n>,PQ<m>")
+    model: str | None = Field(None, description="the served model that embeds its texts (unset: the default)")
+    vectors_only: StrictBool = Field(False, description="true: documents bring their own vectors, no model")
+    dimension: int | None = Field(None, ge=1, le=65536, description="vectors_only: the vectors' dimension")
+
+
+class ModelStampOut(BaseModel):
+    name: str
+    sha256: str
+
+
+class CollectionOut(BaseModel):
+    name: str
+    dimension: int
+    index_type: str
+    model: ModelStampOut | None = Field(description="the model that made its vectors; null: vectors only")
+    count: int
+    sequence: int = Field(description="the last durable write to this collection")
+    ann_ready: bool = Field(description="false while the ANN structure trains or rebuilds (search is exact)")
+
+
+class CollectionsOut(BaseModel):
+    collections: list[CollectionOut]
+
+
+class ReembedRequest(_Request):
+    model: str | None = Field(None, description="the served model to re-embed with (unset: the default)")
 
 
 class ErrorResponse(BaseModel):

@@ -72,7 +72,17 @@ class Settings(BaseSettings):
                                      "('*' for any); unset: no CORS headers")
     access_log: bool = Field(True, description="one JSON line per request: id, method, path, status, time")
 
-    index_path: Path | None = Field(None, description="persist the search index here (loaded at start)")
+    index_backend: Literal["local", "milvus"] = Field("local", description="local: FAISS in this process with a "
+                                                     "write-ahead log (one node, one writer); milvus: a Milvus "
+                                                     "server holds the vectors (stateless replicas)")
+    index_path: Path | None = Field(None, description="local: where the log and snapshots live (unset: memory "
+                                    "only, lost at exit)")
+    index_type: str = Field("Flat", description="the default collection's index: Flat, HNSW32, IVF1024,SQ8, ...")
+    index_fsync: bool = Field(True, description="fsync the log before answering a write (off: a crash of the "
+                              "machine may lose acknowledged writes)")
+    index_snapshot_every_ops: int = Field(10_000, ge=1, description="snapshot after this many writes ...")
+    index_snapshot_every_s: float = Field(300.0, gt=0, description="... or this many seconds with writes")
+    milvus_uri: str | None = Field(None, description="milvus: http://host:19530, or a Milvus Lite file path")
 
     @field_validator("models")
     @classmethod

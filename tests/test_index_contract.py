@@ -6,7 +6,6 @@ brings background structures up to date, so ANN paths are exercised, not only th
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import numpy as np
@@ -38,9 +37,8 @@ def _milvus(tmp_path):
 
 IMPLEMENTATIONS = {
     "local": (lambda tmp_path: LocalIndex(tmp_path / "index", background=False), _local_settle),
+    "milvus": (_milvus, lambda index, name: index.flush(name)),  # flush: segments get their index
 }
-if importlib.util.find_spec("pymilvus") and importlib.util.find_spec("milvus_lite"):
-    IMPLEMENTATIONS["milvus"] = (_milvus, lambda index, name: index.flush(name))  # flush: segments get their index
 # IVF4,PQ4x4 needs 624 vectors to train: the contract runs its exact stage, test_index_local trains it.
 INDEX_TYPES = ["Flat", "HNSW16", "IVF4,SQ8", "IVF4,PQ4x4"]
 

@@ -39,6 +39,7 @@ class BackendInfo:
     variant: str = "fp32"  # which graph of the export: fp32, int8, fp16
     manifest: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids a client sends must be below it
+    graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
 
 
 class Backend(Protocol):

@@ -7,6 +7,7 @@ runtime does on an input it cannot handle; `gate` holds passes back so a test ca
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import zlib
@@ -23,7 +24,8 @@ class FakeBackend:
                  pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0):
         self.info = BackendInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
                                 manifest={"name": name, "dimension": dimension, "max_seq_length": max_seq_length},
-                                vocab_size=31000)
+                                vocab_size=31000,
+                                graph_sha256=hashlib.sha256(f"fake:{name}:{dimension}".encode()).hexdigest())
         self.pad_to_multiple_of = pad_to_multiple_of
         self.seconds_per_token = seconds_per_token
         self.gate = threading.Event()

@@ -97,7 +97,7 @@ class OnnxBackend:
         self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
-                                vocab_size=self.tokenizer.get_vocab_size())
+                                vocab_size=self.tokenizer.get_vocab_size(), graph_sha256=entry["sha256"])
 
     def _variant_entry(self, variant: str) -> dict:
         variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}

@@ -108,8 +108,10 @@ def _operator(path: str, op: str, arg: Any) -> Callable[[Any], bool]:
         if not isinstance(arg, list) or not arg or len(arg) > MAX_IN:
             raise InvalidRequest(f"filter {path}: {op} takes a list of 1 to {MAX_IN} values")
         values = [_scalar(path, op, a) for a in arg]
-        hit = (lambda v: any(_same(v, a) for a in values))
-        return hit if op == "$in" else (lambda v: not hit(v))
+        def member(v: Any) -> bool:
+            return any(_same(v, a) for a in values)
+
+        return member if op == "$in" else (lambda v: not member(v))
     if op in COMPARISONS:
         if isinstance(arg, bool) or not isinstance(arg, (int, float)) or arg != arg:
             raise InvalidRequest(f"filter {path}: {op} takes a number")

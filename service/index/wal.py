@@ -86,7 +86,8 @@ class WriteAheadLog:
         for i, segment in enumerate(segments):
             data = segment.read_bytes()
             end = 0
-            for seq, end, payload in _records(data):
+            for seq, record_end, payload in _records(data):
+                end = record_end
                 if expected is not None and seq != expected:
                     raise CorruptLog(f"{segment}: sequence {seq} follows {expected - 1}")
                 expected = seq + 1

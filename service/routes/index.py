@@ -1,6 +1,12 @@
-"""The search index: /index/documents, /index, /search (FAISS; embedded by the engine)."""
+"""The search index over HTTP: collections, documents, search; the first routes use the default collection.
+
+Texts are embedded by the model that stamped the collection, so a collection never mixes vectors
+of two models; index calls run in the thread pool (writes wait there for their group's fsync).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -8,9 +14,17 @@ from starlette.concurrency import run_in_threadpool
 
 from service import schemas
 from service.errors import ApiError
-from service.index import Document
-from service.routes.common import settings
-from service.routes.tei import embed_texts as _embed
+from service.index import (
+    DEFAULT_COLLECTION,
+    CollectionInfo,
+    CollectionSpec,
+    Document,
+    InvalidRequest,
+    ModelMismatch,
+    ModelStamp,
+    SearchParams,
+)
+from service.routes.common import JSON, check_batch, registry, settings
 
 router = APIRouter(tags=["search"])
 
@@ -19,41 +33,199 @@ def _index(request: Request):
     return request.app.state.index
 
 
+def model_stamp(request: Request, name: str | None = None) -> ModelStamp:
+    """The stamp a collection embedded by served model `name` (None: the default) carries."""
+    reg = registry(request)
+    name = name or reg.default
+    return ModelStamp(name, reg.get(name).info.graph_sha256)
+
+
+async def _call(request: Request, method: str, *args, **kwargs):
+    return await run_in_threadpool(getattr(_index(request), method), *args, **kwargs)
+
+
+async def _embedder_for(request: Request, collection: str) -> tuple[CollectionInfo, Any]:
+    """The collection and the engine whose vectors it holds; refuses a collection another model made."""
+    info = await _call(request, "info", collection)
+    if info.model is None:
+        raise InvalidRequest(f"collection {collection!r} holds client vectors only: send `vector`, not text")
+    served = registry(request).names()
+    current = model_stamp(request, info.model.name) if info.model.name in served else None
+    if current != info.model:
+        now = current.describe() if current else f"no model named {info.model.name!r}"
+        raise ModelMismatch(f"collection {collection!r} was embedded by {info.model.describe()}, but the service "
+                            f"now runs {now}: re-embed it (POST /admin/collections/{collection}/reembed) or use "
+                            f"the model that made it")
+    return info, registry(request).get(info.model.name)
+
+
+async def _vectors(request: Request, collection: str, texts: list[str | None], given: list, field: str):
+    """One unit vector per row: the client's where given, else the collection's model embeds the text."""
+    check_batch(request, len(texts), field)
+    missing = [i for i, v in enumerate(given) if v is None]
+    info = await _call(request, "info", collection)
+    if missing:
+        info, engine = await _embedder_for(request, collection)
+        if any(texts[i] is None for i in missing):
+            raise InvalidRequest(f"each of {field} needs text to embed, or its own vector")
+        embedded = (await engine.embed([texts[i] for i in missing])).vectors
+    out = np.empty((len(texts), info.dimension), dtype=np.float32)
+    for row, i in enumerate(missing):
+        out[i] = embedded[row]
+    for i, v in enumerate(given):
+        if v is not None:
+            if len(v) != info.dimension:
+                raise InvalidRequest(f"{field}[{i}]: vector of dimension {len(v)}; collection {collection!r} has "
+                                     f"{info.dimension}")
+            vec = np.asarray(v, dtype=np.float32)
+            norm = float(np.linalg.norm(vec))
+            if not np.isfinite(vec).all() or not np.isfinite(norm) or norm == 0:
+                raise InvalidRequest(f"{field}[{i}]: a vector must be finite and non-zero")
+            out[i] = vec / norm
+    return out
+
+
+def _fields(record, include: list[str]) -> dict[str, Any]:
+    out = {"id": record.id}
+    if hasattr(record, "score"):
+        out["score"] = record.score
+    for name in include:
+        out[name] = getattr(record, name)
+    return out
+
+
+# --- collections ---------------------------------------------------------------------------------
+
+@router.post("/collections", response_model=schemas.CollectionOut, status_code=201)
+async def create_collection(req: schemas.CreateCollectionRequest, request: Request):
+    """A named collection with its own index type, stamped with the model that will embed its texts."""
+    if req.vectors_only:
+        if req.dimension is None:
+            raise InvalidRequest("a vectors_only collection needs its dimension")
+        spec = CollectionSpec(req.name, req.dimension, req.index_type, None)
+    else:
+        stamp = model_stamp(request, req.model)
+        dim = registry(request).get(stamp.name).info.dimension
+        if req.dimension not in (None, dim):
+            raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
+        spec = CollectionSpec(req.name, dim, req.index_type, stamp)
+    return JSON(_collection(await _call(request, "create_collection", spec)), status_code=201)
+
+
+@router.get("/collections", response_model=schemas.CollectionsOut)
+async def list_collections(request: Request):
+    return JSON({"collections": [_collection(c) for c in await _call(request, "list_collections")]})
+
+
+@router.get("/collections/{name}", response_model=schemas.CollectionOut)
+async def collection_stats(name: str, request: Request):
+    return JSON(_collection(await _call(request, "info", name)))
+
+
+@router.delete("/collections/{name}", response_model=schemas.DeleteDocumentsResponse)
+async def drop_collection(name: str, request: Request):
+    result = await _call(request, "drop_collection", name)
+    return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
+
+
+def _collection(info: CollectionInfo) -> dict[str, Any]:
+    out = dict(vars(info))
+    out["model"] = vars(info.model) if info.model else None
+    return out
+
+
+# --- documents -----------------------------------------------------------------------------------
+
+@router.post("/collections/{name}/documents", response_model=schemas.AddDocumentsResponse)
+async def upsert(name: str, req: schemas.AddDocumentsRequest, request: Request):
+    """Add or replace documents: texts are embedded by the collection's model, or bring your vectors."""
+    docs = req.documents
+    vectors = await _vectors(request, name, [d.text for d in docs], [d.vector for d in docs], "documents")
+    documents = [Document(d.id, d.text or "", d.metadata) for d in docs]
+    result = await _call(request, "upsert", name, documents, vectors)
+    _count(request, name, result.total)
+    return JSON({"added": result.count, "total": result.total, "sequence": result.sequence})
+
+
+@router.post("/collections/{name}/documents/get", response_model=schemas.GetDocumentsResponse)
+async def get_documents(name: str, req: schemas.GetDocumentsRequest, request: Request):
+    check_batch(request, len(req.ids), "ids")
+    records = await _call(request, "get", name, req.ids, "vector" in req.include)
+    found = {r.id for r in records}
+    return JSON({"documents": [_fields(r, req.include) for r in records],
+                 "missing": [i for i in req.ids if i not in found]})
+
+
+@router.get("/collections/{name}/documents/{doc_id}", response_model=schemas.DocumentOut)
+async def get_document(name: str, doc_id: str, request: Request):
+    records = await _call(request, "get", name, [doc_id], False)
+    if not records:
+        raise ApiError(404, f"no document with id {doc_id!r} in {name!r}", "NotFound")
+    return JSON(_fields(records[0], ["text", "metadata"]))
+
+
+@router.post("/collections/{name}/documents/delete", response_model=schemas.DeleteDocumentsResponse)
+async def delete_documents(name: str, req: schemas.DeleteRequest, request: Request):
+    """Delete by ids, or every document matching a filter."""
+    result = await _call(request, "delete", name, ids=req.ids, filter=req.filter)
+    _count(request, name, result.total)
+    return JSON({"deleted": result.count, "total": result.total, "sequence": result.sequence})
+
+
+@router.delete("/collections/{name}/documents/{doc_id}", response_model=schemas.DeleteDocumentsResponse)
+async def delete_document(name: str, doc_id: str, request: Request):
+    result = await _call(request, "delete", name, ids=[doc_id])
+    if not result.count:
+        raise ApiError(404, f"no document with id {doc_id!r} in {name!r}", "NotFound")
+    _count(request, name, result.total)
+    return JSON({"deleted": 1, "total": result.total, "sequence": result.sequence})
+
+
+@router.post("/collections/{name}/search", response_model=schemas.SearchResponse)
+async def search(name: str, req: schemas.SearchRequest, request: Request):
+    """The k nearest documents to each query by cosine similarity, among those passing `filter`."""
+    limit = settings(request).max_search_k
+    if req.k > limit:
+        raise ApiError(422, f"k={req.k} exceeds the limit of {limit}", "Validation", param="k")
+    if req.vector is not None:
+        given = req.vector if isinstance(req.vector[0], list) else [req.vector]
+        queries = await _vectors(request, name, [None] * len(given), given, "vector")
+    else:
+        queries = await _vectors(request, name, req.queries, [None] * len(req.queries), "query")
+    params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
+                          nprobe=req.nprobe, with_text="text" in req.include,
+                          with_metadata="metadata" in req.include, with_vector="vector" in req.include)
+    hits = await _call(request, "search", name, queries, params)
+    return JSON({"results": [[_fields(h, req.include) for h in row] for row in hits]})
+
+
+def _count(request: Request, name: str, total: int) -> None:
+    if name == DEFAULT_COLLECTION:
+        request.app.state.metrics.index_documents.set(total)
+
+
+# --- the default collection, under the first routes' names (existing clients keep working) --------
+
 @router.post("/index/documents", response_model=schemas.AddDocumentsResponse)
 async def add_documents(req: schemas.AddDocumentsRequest, request: Request):
-    """Embed and index documents; an id already in the index is replaced."""
-    result = await _embed(request, [d.text for d in req.documents], "documents")
-    index = _index(request)
-    docs = [Document(d.id, d.text, d.metadata) for d in req.documents]
-    await run_in_threadpool(index.add, docs, result.vectors)
-    request.app.state.metrics.index_documents.set(len(index))
-    return {"added": len(req.documents), "total": len(index)}
+    """Embed and index documents in the default collection; an id already there is replaced."""
+    return await upsert(DEFAULT_COLLECTION, req, request)
 
 
 @router.delete("/index/documents/{doc_id}", response_model=schemas.DeleteDocumentsResponse)
-async def delete_document(doc_id: str, request: Request):
-    index = _index(request)
-    if not await run_in_threadpool(index.delete, [doc_id]):
-        raise ApiError(404, f"no document with id {doc_id!r}", "NotFound")
-    request.app.state.metrics.index_documents.set(len(index))
-    return {"deleted": 1, "total": len(index)}
+async def delete_default_document(doc_id: str, request: Request):
+    return await delete_document(DEFAULT_COLLECTION, doc_id, request)
 
 
 @router.delete("/index", response_model=schemas.DeleteDocumentsResponse)
 async def clear_index(request: Request):
-    index = _index(request)
-    n = len(index)
-    await run_in_threadpool(index.clear)
-    request.app.state.metrics.index_documents.set(0)
-    return {"deleted": n, "total": 0}
+    """Remove every document of the default collection."""
+    result = await _call(request, "clear", DEFAULT_COLLECTION)
+    _count(request, DEFAULT_COLLECTION, 0)
+    return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
 
 @router.post("/search", response_model=schemas.SearchResponse)
-async def search(req: schemas.SearchRequest, request: Request):
-    """The k nearest documents to each query by cosine similarity (exact FAISS inner product)."""
-    limit = settings(request).max_search_k
-    if req.k > limit:
-        raise ApiError(422, f"k={req.k} exceeds the limit of {limit}", "Validation", param="k")
-    result = await _embed(request, req.queries, "query")
-    hits = await run_in_threadpool(_index(request).search, np.asarray(result.vectors), req.k)
-    return {"results": [[vars(h) for h in row] for row in hits]}
+async def search_default(req: schemas.SearchRequest, request: Request):
+    """Search the default collection (the same body as /collections/{name}/search)."""
+    return await search(DEFAULT_COLLECTION, req, request)
