@@ -192,3 +192,81 @@ def test_base_model_with_its_own_head(tiny_encoder):
     with torch.no_grad():
         expected = obj.e(obj.collate(PAIRS[:1])["vectors"][:1]).numpy()
     np.testing.assert_allclose(enc.encode([PAIRS[0].anchor], normalize=False), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_holds_the_head_only(tiny_encoder):
+    torch.manual_seed(0)
+    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    state = obj.checkpoint_state_dict()
+    assert set(state) == {k for k in obj.state_dict() if k.startswith(("e.", "h."))}
+    assert not any(k.startswith("encoder.") for k in state)
+    obj.prepare(PAIRS, CPU)
+    batch = obj.collate(PAIRS)
+    torch.manual_seed(1)
+    fresh = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)  # other random e and h
+    assert fresh(batch)["loss"].item() != pytest.approx(obj(batch)["loss"].item())
+    fresh.load_checkpoint_state_dict(state)
+    assert fresh(batch)["loss"].item() == pytest.approx(obj(batch)["loss"].item(), rel=1e-6)
+    with pytest.raises(RuntimeError, match="h.weight"):
+        fresh.load_checkpoint_state_dict({k: v for k, v in state.items() if k != "h.weight"})
+    with pytest.raises(RuntimeError, match="g.weight"):
+        fresh.load_checkpoint_state_dict({**state, "g.weight": state["h.weight"]})
+    fresh.load_checkpoint_state_dict(obj.state_dict())  # a full state dict (older checkpoints) still loads
+
+
+def _tiny_clsr_data(root, pairs=40):
+    """A SimCSE-style NLI CSV of distinct positive pairs and a 20-pair STS-B dev for model selection."""
+    words = "man woman dog cat child car boat bird horse girl".split()
+    verbs = "runs sits eats plays sleeps jumps".split()
+    lines = ["sent0,sent1"] + [f"a {words[i % 10]} {verbs[i % 6]} {i} .,the {words[i % 10]} {verbs[i % 6]} ." for i in
+                               range(pairs)]
+    (root / "nli.csv").write_text("\n".join(lines) + "\n")
+    (root / "STSBenchmark").mkdir()
+    rows = [f"g\tf\t2012\t{i:04d}\t{i % 6}\ta {words[i % 10]} {verbs[i % 6]} .\ta {words[(i * 3) % 10]} runs ."
+            for i in range(20)]
+    (root / "STSBenchmark" / "sts-dev.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_training_evaluates_per_epoch_with_lars_and_checkpoints_the_head(tiny_model_dir, tmp_path):
+    import json
+
+    from training.config import make_config
+    from training.trainer import train
+
+    _tiny_clsr_data(tmp_path)
+    common = dict(base_model=str(tiny_model_dir), data_dir=tmp_path, train_data="nli-csv:nli.csv", batch_size=8,
+                  optimizer="lars", lr=0.5, weight_decay=1e-4, eval_unit="epochs", eval_every=1, warmup_ratio=0.0,
+                  objective={"hidden_dim": 16, "out_dim": 8, "proj_dim": 8})
+    run = tmp_path / "run"
+    result = train(make_config("clsr", "paper", epochs=3, **common), run, log=lambda *_: None)
+    assert result.steps == 15  # 40 pairs, batches of 8: 5 steps an epoch
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "dev_spearman" in r] == [0, 5, 10, 15]
+
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert state["objective"] and all(k.startswith(("e.", "h.")) for k in state["objective"])
+    decay, no_decay = state["optimizer"]["param_groups"]
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (1e-4, 0.0)
+    assert decay["lars_adapt"] and not no_decay["lars_adapt"]
+    assert len(decay["params"]) == 3 and len(no_decay["params"]) == 3  # e's and h's weights / biases
+    assert (run / "best").is_dir()  # the exported model still holds the frozen encoder and e
+
+    resumed = train(make_config("clsr", "paper", epochs=4, resume=run, **common), run, log=lambda *_: None)
+    assert resumed.steps == 20
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "dev_spearman" in r] == [0, 5, 10, 15, 20]
+
+
+def test_paper_preset_is_the_papers_setting(tmp_path):
+    from tests.test_training_data import MNLI_ROWS, SNLI_ROWS, _write_nli_jsonl
+    from training.config import make_config
+    from training.data import load_examples
+
+    cfg = make_config("clsr", "paper")
+    assert (cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.epochs, cfg.schedule) == (512, 0.5, 1e-4, 2000, "cosine")
+    assert cfg.optimizer == "lars" and (cfg.eval_unit, cfg.eval_every) == ("epochs", 1)
+    # its data: every entailment pair of SNLI and MultiNLI train (§4.1: 314,315 of them)
+    _write_nli_jsonl(tmp_path)
+    pairs = load_examples("pairs", cfg.train_data, tmp_path)
+    entailments = [(p, h) for rows in (SNLI_ROWS["train"], MNLI_ROWS["train"]) for p, h, y in rows if y == "entailment"]
+    assert [(p.anchor, p.positive) for p in pairs] == entailments

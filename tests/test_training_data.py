@@ -226,3 +226,172 @@ def test_make_batch_sampler_with_dataloader():
     loader = DataLoader(examples, batch_sampler=sampler, collate_fn=lambda xs: [x.label for x in xs])
     batches = list(loader)
     assert len(batches) == 4 and all(len(set(b)) == 2 for b in batches)
+
+
+# --- NLI train sets (SNLI + MultiNLI), as distributed ------------------------------------------
+
+# (premise, hypothesis, gold label) in file order; "-" is SNLI's "no gold label" (dropped)
+SNLI_ROWS = {
+    "train": [
+        ("A man plays a guitar.", "A man makes music.", "entailment"),
+        ("A man plays a guitar.", "A man sleeps.", "contradiction"),
+        ("A man plays a guitar.", "A man plays on stage.", "neutral"),
+        ("Two dogs run.", "Animals move.", "entailment"),
+        ("Two dogs run.", "Dogs are \"fast\", very.", "-"),
+    ],
+    "dev": [("A child reads.", "A kid reads.", "entailment")],
+    "test": [("A cat sits.", "A cat stands.", "contradiction")],
+}
+MNLI_ROWS = {
+    "train": [
+        ("Conceptually cream skimming has two basic dimensions.", "Product and geography are what make cream "
+         "skimming work.", "neutral"),
+        ("you know during the season and i guess", "You lose the things to the following level.", "entailment"),
+        ("you know during the season and i guess", "You never lose anything.", "contradiction"),
+    ],
+    "dev_matched": [("The new rights are nice enough", "Everyone really likes the newest benefits", "neutral")],
+    "dev_mismatched": [("Your gift is appreciated.", "Hundreds of students benefit.", "neutral")],
+}
+
+
+def _snli_line(i, premise, hypothesis, label):
+    import json
+
+    return json.dumps({
+        "annotator_labels": [label if label != "-" else "neutral"], "captionID": f"{i}.jpg#0", "gold_label": label,
+        "pairID": f"{i}.jpg#0r1n", "sentence1": premise, "sentence1_binary_parse": "( ( A man ) ... )",
+        "sentence1_parse": "(ROOT (S ...))", "sentence2": hypothesis, "sentence2_binary_parse": "( ... )",
+        "sentence2_parse": "(ROOT (S ...))",
+    })
+
+
+def _mnli_line(i, premise, hypothesis, label):
+    import json
+
+    return json.dumps({
+        "annotator_labels": [label], "genre": "government", "gold_label": label, "pairID": f"{i}n",
+        "promptID": str(i), "sentence1": premise, "sentence1_binary_parse": "( ... )",
+        "sentence1_parse": "(ROOT ...)", "sentence2": hypothesis, "sentence2_binary_parse": "( ... )",
+        "sentence2_parse": "(ROOT ...)",
+    })
+
+
+def _write_nli_jsonl(root):
+    (root / "snli_1.0").mkdir(parents=True)
+    (root / "multinli_1.0").mkdir(parents=True)
+    for split, rows in SNLI_ROWS.items():
+        (root / "snli_1.0" / f"snli_1.0_{split}.jsonl").write_text(
+            "".join(_snli_line(i, *r) + "\n" for i, r in enumerate(rows)))
+    for split, rows in MNLI_ROWS.items():
+        (root / "multinli_1.0" / f"multinli_1.0_{split}.jsonl").write_text(
+            "".join(_mnli_line(i, *r) + "\n" for i, r in enumerate(rows)))
+
+
+def _write_allnli_tsv(root):
+    """sentence-transformers' AllNLI.tsv.gz: split, dataset, filename, sentence1, sentence2, label."""
+    import gzip
+
+    lines = ["split\tdataset\tfilename\tsentence1\tsentence2\tlabel"]
+    for dataset, rows, files in (("SNLI", SNLI_ROWS, {"train": "train", "dev": "dev", "test": "test"}),
+                                 ("MNLI", MNLI_ROWS, {"train": "train", "dev": "dev_matched",
+                                                      "test": "dev_mismatched"})):
+        for split, name in files.items():
+            file = f"{dataset.lower()}_1.0_{name}.jsonl"
+            lines += [f"{split}\t{dataset}\t{file}\t{p}\t{h}\t{y}" for p, h, y in rows[name]]
+    root.mkdir(parents=True, exist_ok=True)
+    with gzip.open(root / "AllNLI.tsv.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_nli_train_from_snli_and_multinli_jsonl(tmp_path):
+    _write_nli_jsonl(tmp_path)
+    pairs = load_examples("pairs", "nli", tmp_path)
+    # every entailment pair of both sets (CLSR §4.1), a contradiction of its premise as hard negative
+    assert pairs == [
+        PairExample("A man plays a guitar.", "A man makes music.", "A man sleeps."),
+        PairExample("Two dogs run.", "Animals move.", None),
+        PairExample("you know during the season and i guess", "You lose the things to the following level.",
+                    "You never lose anything."),
+    ]
+    scored = load_examples("scored", "nli:train", tmp_path)
+    # CoSENT Table II: NLI keeps all three classes, contradiction 0 < neutral 1 < entailment 2
+    assert [p.label for p in scored] == [2.0, 0.0, 1.0, 2.0, 1.0, 2.0, 0.0]
+    assert scored[2] == ScoredPair("A man plays a guitar.", "A man plays on stage.", 1.0)
+    # dev = SNLI dev + MultiNLI dev-matched, test = SNLI test + MultiNLI dev-mismatched (CoSENT Table II)
+    assert [p.sentence1 for p in load_examples("scored", "nli:dev", tmp_path)] == [
+        "A child reads.", "The new rights are nice enough"]
+    assert [p.label for p in load_examples("scored", "nli:test", tmp_path)] == [0.0, 1.0]
+    assert len(load_examples("scored", "nli:train+dev", tmp_path)) == 9
+    one_file = load_examples("scored", "nli-jsonl:snli_1.0/snli_1.0_train.jsonl", tmp_path)
+    assert [p.label for p in one_file] == [2.0, 0.0, 1.0, 2.0]
+
+
+def test_nli_train_from_allnli_tsv_matches_the_jsonl(tmp_path):
+    _write_nli_jsonl(tmp_path / "jsonl")
+    _write_allnli_tsv(tmp_path / "tsv")
+    for kind in ("pairs", "scored", "unlabeled"):
+        for source in ("nli", "nli:dev", "nli:test+train"):
+            assert load_examples(kind, source, tmp_path / "tsv") == load_examples(kind, source, tmp_path / "jsonl")
+    assert load_examples("scored", "allnli-tsv:AllNLI.tsv.gz", tmp_path / "tsv", split="dev") == (
+        load_examples("scored", "nli:dev", tmp_path / "jsonl"))
+    assert 'Dogs are "fast", very.' not in load_examples("unlabeled", "nli", tmp_path / "tsv")  # "-" dropped
+
+
+def test_nli_source_needs_both_sets(tmp_path):
+    _write_nli_jsonl(tmp_path)
+    (tmp_path / "multinli_1.0" / "multinli_1.0_train.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match="multinli_1.0_train.jsonl"):
+        load_examples("pairs", "nli", tmp_path)
+    with pytest.raises(ValueError, match="split"):
+        load_examples("pairs", "nli:validation", tmp_path)
+
+
+# --- binary-label sets (CoSENT Table IV: PAWS, MRPC; and QQP) -----------------------------------
+
+
+def test_paws_mrpc_qqp_readers(tmp_path):
+    paws = tmp_path / "paws" / "final"
+    paws.mkdir(parents=True)
+    (paws / "train.tsv").write_text(
+        "id\tsentence1\tsentence2\tlabel\n"
+        "1\tIn Paris , in October 1560 , he met the ambassador .\tIn October 1560 , he met the ambassador in Paris ."
+        "\t1\n"
+        "2\tThe NBA season of 1975 -- 76 was the 30th \" season .\tThe 1975 -- 76 season was the 30th .\t0\n"
+    )
+    assert load_examples("scored", "paws", tmp_path) == [
+        ScoredPair("In Paris , in October 1560 , he met the ambassador .",
+                   "In October 1560 , he met the ambassador in Paris .", 1.0),
+        ScoredPair('The NBA season of 1975 -- 76 was the 30th " season .', "The 1975 -- 76 season was the 30th .", 0.0),
+    ]
+    mrpc = tmp_path / "MRPC"
+    mrpc.mkdir()
+    (mrpc / "msr_paraphrase_train.txt").write_text(
+        "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        '1\t702876\t702977\tAmrozi accused his brother , whom he called " the witness " .\t'
+        'Referring to him as only " the witness " , Amrozi accused his brother .\n'
+        "0\t2108705\t2108831\tYucaipa owned Dominick 's before selling it .\tYucaipa bought Dominick 's in 1995 .\n",
+        encoding="utf-8",
+    )
+    got = load_examples("scored", "mrpc:train", tmp_path)
+    assert [p.label for p in got] == [1.0, 0.0]
+    assert got[0].sentence1.startswith("Amrozi") and got[0].sentence2.startswith('Referring to him as only " the')
+    qqp = tmp_path / "QQP"
+    qqp.mkdir()
+    (qqp / "dev.tsv").write_text(
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+        '201359\t303345\t303346\tWhy are African-Americans so beautiful?\tWhy are hispanics so beautiful?\t0\n'
+        '263843\t69383\t380476\t"Lost" or "Breaking Bad"?\tWhich is better, Lost or Breaking Bad?\t1\n'
+    )
+    got = load_examples("scored", "qqp:dev", tmp_path)
+    assert got[1] == ScoredPair('"Lost" or "Breaking Bad"?', "Which is better, Lost or Breaking Bad?", 1.0)
+    assert {p.label for p in got} == {0.0, 1.0}
+    assert len(load_examples("unlabeled", "qqp:dev", tmp_path)) == 4
+    # GLUE's QQP test.tsv has no labels: refused, not read as label-less pairs
+    (qqp / "test.tsv").write_text("id\tquestion1\tquestion2\n0\tA?\tB?\n")
+    with pytest.raises(ValueError, match="is_duplicate"):
+        load_examples("scored", "qqp:test", tmp_path)
+    (paws / "dev.tsv").write_text("id\tsentence1\tsentence2\tlabel\n3\tonly one sentence\n")
+    with pytest.raises(ValueError, match="dev.tsv:2"):
+        load_examples("scored", "paws:dev", tmp_path)
+    with pytest.raises(ValueError, match="scored pairs"):
+        load_examples("pairs", "paws", tmp_path)

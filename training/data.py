@@ -1,12 +1,15 @@
 """Training examples: the three kinds of data the objectives consume, and their readers.
 
-Readers take local paths (SentEval / STS-B / SICK layouts, the SimCSE NLI CSV, one-sentence-per-line
-text); `../shared/data/` is one such source, never a hard-coded location.
+Readers take local paths (SentEval / STS-B / SICK layouts, the SNLI / MultiNLI jsonl, the AllNLI tsv,
+the SimCSE NLI CSV, PAWS / MRPC / QQP, one-sentence-per-line text); `../shared/data/` is one such
+source, never a hard-coded location.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +50,17 @@ SICK_FILES = {
     "test": "SICK_test_annotated.txt",
 }
 SNLI_SPLITS = ("train", "dev", "test")
+# SNLI + MultiNLI as CoSENT Table II counts them (942,069 / 19,657 / 19,656 labelled pairs): MultiNLI
+# has no public test labels, so dev = SNLI dev + dev-matched and test = SNLI test + dev-mismatched.
+NLI_JSONL = {
+    "train": ("snli_1.0/snli_1.0_train.jsonl", "multinli_1.0/multinli_1.0_train.jsonl"),
+    "dev": ("snli_1.0/snli_1.0_dev.jsonl", "multinli_1.0/multinli_1.0_dev_matched.jsonl"),
+    "test": ("snli_1.0/snli_1.0_test.jsonl", "multinli_1.0/multinli_1.0_dev_mismatched.jsonl"),
+}
+ALLNLI_TSV = ("AllNLI.tsv.gz", "AllNLI.tsv")
+PAWS_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}  # PAWS-Wiki "final"
+MRPC_FILES = {"train": "msr_paraphrase_train.txt", "test": "msr_paraphrase_test.txt"}
+QQP_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}  # GLUE's; its test has no labels
 
 
 def _take(items: list, limit: int | None) -> list:
@@ -137,6 +151,104 @@ def read_nli_csv_scored(path: str | Path, limit: int | None = None) -> list[Scor
     return _take(out, limit)
 
 
+def _open_text(path: str | Path):
+    # utf-8-sig: MRPC's files start with a byte-order mark
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def read_nli_jsonl(path: str | Path) -> list[tuple[str, str, str]]:
+    """(premise, hypothesis, label) from SNLI's or MultiNLI's jsonl (gold_label, sentence1, sentence2,
+    plus parses and annotator labels, ignored); `.gz` is read as is. Gold label "-" (no consensus)
+    is dropped."""
+    rows = []
+    with _open_text(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                label = r["gold_label"].strip().lower()
+                pair = (r["sentence1"].strip(), r["sentence2"].strip())
+            except (json.JSONDecodeError, KeyError, AttributeError) as e:
+                raise ValueError(f"{path}:{n}: not an NLI jsonl record with gold_label/sentence1/sentence2") from e
+            if label in NLI_LABELS:
+                rows.append((*pair, label))
+    return rows
+
+
+def _read_tsv(path: str | Path, columns: tuple[str, ...]) -> list[list[str]]:
+    """The `columns` (by header name) of every row of a headed tab-separated file, read with
+    csv.QUOTE_NONE as GLUE's and PAWS's own loaders do: sentences hold unbalanced quotes."""
+    with _open_text(path) as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = [h.strip() for h in next(reader, [])]
+        if not set(columns) <= set(header):
+            raise ValueError(f"{path}: expected columns {list(columns)}, got header {header}")
+        idx = [header.index(c) for c in columns]
+        out = []
+        for n, row in enumerate(reader, 2):
+            if not row or row == [""]:
+                continue
+            if len(row) < len(header):
+                raise ValueError(f"{path}:{n}: expected {len(header)} tab-separated fields, got {len(row)}")
+            out.append([row[i].strip() for i in idx])
+    return out
+
+
+def read_allnli_tsv(path: str | Path, splits: tuple[str, ...] = ("train",)) -> list[tuple[str, str, str]]:
+    """(premise, hypothesis, label) of `splits` from sentence-transformers' AllNLI.tsv(.gz)
+    (split, dataset, filename, sentence1, sentence2, label), split after split, each in file order."""
+    rows = _read_tsv(path, ("split", "sentence1", "sentence2", "label"))
+    return [(p, h, y.lower()) for s in splits for split, p, h, y in rows if split == s and y.lower() in NLI_LABELS]
+
+
+def find_nli_triples(data_dir: str | Path, splits: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """SNLI + MultiNLI (SBERT's "AllNLI", CLSR §4.1's and CoSENT's NLI) under `data_dir` or its nli/:
+    AllNLI.tsv(.gz) if there, else the two corpora's jsonl in their archives' folders (snli_1.0/,
+    multinli_1.0/) or side by side."""
+    unknown = set(splits) - set(NLI_JSONL)
+    if unknown:
+        raise ValueError(f"unknown NLI split(s) {sorted(unknown)}; choose from {', '.join(NLI_JSONL)}")
+    roots = [Path(data_dir), Path(data_dir) / "nli", Path(data_dir) / "NLI"]
+    for root in roots:
+        for name in ALLNLI_TSV:
+            if (root / name).is_file():
+                return read_allnli_tsv(root / name, splits)
+    triples = []
+    for split in splits:
+        for rel in NLI_JSONL[split]:
+            found = [p for root in roots for p in (root / rel, root / Path(rel).name) if p.is_file()]
+            if not found:
+                raise FileNotFoundError(f"no {Path(rel).name} (nor {' / '.join(ALLNLI_TSV)}) under {data_dir}")
+            triples += read_nli_jsonl(found[0])
+    return triples
+
+
+def read_binary_pairs(path: str | Path, columns: tuple[str, str, str]) -> list[ScoredPair]:
+    """(sentence1, sentence2, 0/1 label) from the named columns of a headed tsv."""
+    return [ScoredPair(a, b, float(y)) for a, b, y in _read_tsv(path, columns)]
+
+
+def read_paws(paws_dir: str | Path, split: str = "train") -> list[ScoredPair]:
+    """PAWS-Wiki (final) <split>.tsv: id, sentence1, sentence2, label (1 = paraphrase)."""
+    return read_binary_pairs(Path(paws_dir) / PAWS_FILES[split], ("sentence1", "sentence2", "label"))
+
+
+def read_mrpc(mrpc_dir: str | Path, split: str = "train") -> list[ScoredPair]:
+    """MRPC msr_paraphrase_<split>.txt: Quality, #1 ID, #2 ID, #1 String, #2 String (Quality 1 = paraphrase)."""
+    return read_binary_pairs(Path(mrpc_dir) / MRPC_FILES[split], ("#1 String", "#2 String", "Quality"))
+
+
+def read_qqp(qqp_dir: str | Path, split: str = "train") -> list[ScoredPair]:
+    """QQP <split>.tsv (GLUE): id, qid1, qid2, question1, question2, is_duplicate."""
+    return read_binary_pairs(Path(qqp_dir) / QQP_FILES[split], ("question1", "question2", "is_duplicate"))
+
+
+_BINARY_READERS = {"paws": (read_paws, PAWS_FILES), "mrpc": (read_mrpc, MRPC_FILES), "qqp": (read_qqp, QQP_FILES)}
+
+
 def read_stsb(stsb_dir: str | Path, split: str = "train", limit: int | None = None) -> list[ScoredPair]:
     """STS-B sts-<split>.csv: tab separated genre, file, year, id, score, sentence1, sentence2[, ...].
 
@@ -197,12 +309,17 @@ _LAYOUTS = {
     ),
     "sick": (["senteval/SICK", "downstream/SICK", "SICK", "."], "SICK_trial.txt"),
     "snli": (["senteval/SNLI", "downstream/SNLI", "SNLI", "."], None),
+    "paws": (["paws/final", "PAWS/final", "paws_wiki/final", "final", "paws", "PAWS", "."], "dev.tsv"),
+    "mrpc": (["MRPC", "mrpc", "glue_data/MRPC", "."], "msr_paraphrase_train.txt"),
+    "qqp": (["QQP", "qqp", "glue_data/QQP", "."], "dev.tsv"),
 }
 
 
-def find_source_dir(name: str, data_dir: str | Path) -> Path:
-    """The folder of a named source (stsb, sick, snli) under `data_dir`."""
-    candidates, marker = _LAYOUTS[name]
+def find_source_dir(name: str, data_dir: str | Path, marker: str | None = None) -> Path:
+    """The folder of a named source (stsb, sick, snli, paws, mrpc, qqp) under `data_dir`; the first
+    candidate that holds `marker` (default: the source's usual file)."""
+    candidates, default_marker = _LAYOUTS[name]
+    marker = marker or default_marker
     for rel in candidates:
         d = Path(data_dir) / rel
         if marker is not None and (d / marker).is_file():
@@ -245,8 +362,15 @@ def load_examples(
       sick              scored: SICK relatedness 1–5     (sick-nli: SICK entailment as 0/1/2)
       snli              scored: NLI 0/1/2 (contradiction < neutral < entailment)
                         pairs: entailment pairs, a contradiction of the same premise as hard negative
+      nli               SNLI + MultiNLI (see find_nli_triples; dev/test: + MultiNLI dev-(mis)matched).
+                        scored: 0/1/2 as snli, neutral kept (CoSENT Table II); pairs: as snli — from the
+                        train split, CLSR §4.1's 314,315 entailment pairs
+      nli-jsonl:<path>  one SNLI / MultiNLI jsonl file; as nli
+      allnli-tsv:<path> sentence-transformers' AllNLI.tsv(.gz), rows of `split`; as nli
       nli-csv:<path>    SimCSE's CSV (sent0,sent1,hard_neg). pairs: as is; scored: (sent0, sent1) 2,
                         (sent0, hard_neg) 0
+      paws, mrpc, qqp   scored: 0/1 (1 = paraphrase / duplicate). PAWS-Wiki final train/dev/test,
+                        MRPC train/test, QQP (GLUE) train/dev
       text:<path>       unlabeled only: one sentence per line
     A <path> that does not exist as given is looked up under `data_dir`. "unlabeled" from any
     labelled source gives its distinct sentences. `limit` keeps the first N examples.
@@ -266,12 +390,33 @@ def load_examples(
         examples = read_nli_csv_scored(path) if kind == "scored" else read_nli_csv_pairs(path)
         return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
 
-    if name not in ("stsb", "sick", "sick-nli", "snli"):
+    triples: list[tuple[str, str, str]] | None = None  # the NLI sources
+    if name == "nli-jsonl":
+        triples = read_nli_jsonl(_resolve_file(arg, data_dir))
+    elif name == "allnli-tsv":
+        triples = read_allnli_tsv(_resolve_file(arg, data_dir), (split,))
+    elif name not in ("stsb", "sick", "sick-nli", "snli", "nli", *_BINARY_READERS):
         raise ValueError(f"unknown source {source!r}; see training.data.load_examples for the names")
-    if data_dir is None:
+    elif data_dir is None:
         raise ValueError(f"source {source!r} needs a data_dir")
     splits = tuple(s.strip() for s in (arg or split).split("+"))
     examples: list = []
+    if name == "nli":
+        triples = find_nli_triples(data_dir, splits)
+    if triples is not None:
+        examples = (nli_pairs(triples) if kind == "pairs"
+                    else [ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in triples])
+        return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
+    if name in _BINARY_READERS:
+        if kind == "pairs":
+            raise ValueError(f"source {source!r} gives scored pairs, not positive pairs")
+        reader, files = _BINARY_READERS[name]
+        unknown = set(splits) - set(files)
+        if unknown:
+            raise ValueError(f"{name} has no split(s) {sorted(unknown)}; choose from {', '.join(files)}")
+        d = find_source_dir(name, data_dir, marker=files[splits[0]])
+        examples = [p for s in splits for p in reader(d, s)]
+        return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
     if name == "stsb":
         d = find_source_dir("stsb", data_dir)
         if kind == "pairs":

@@ -28,6 +28,7 @@ from training.data import load_examples
 from training.default_model import model_label, resolve_model
 from training.encoder import SentenceEncoder
 from training.objectives import get_objective
+from training.optim import build_optimizer
 from training.sampling import make_batch_sampler
 
 
@@ -140,12 +141,10 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
     params = [p for p in objective.parameters() if p.requires_grad]
-    if cfg.optimizer == "adamw":
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    elif cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
-    else:
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+    optimizer = build_optimizer(objective, cfg.optimizer, cfg.lr, cfg.weight_decay)
+    if cfg.eval_unit not in ("steps", "epochs"):
+        raise ValueError(f"eval_unit must be 'steps' or 'epochs', not {cfg.eval_unit!r}")
+    eval_steps = cfg.eval_every * (steps_per_epoch if cfg.eval_unit == "epochs" else 1)
     warmup = int(cfg.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.schedule, warmup, total_steps))
     amp_dtype = _autocast_dtype(cfg.precision, device)
@@ -161,7 +160,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
     resume_from = (cfg.resume / "checkpoint.pt") if cfg.resume else None
     if resume_from is not None:
         state = torch.load(resume_from, map_location=device, weights_only=False)
-        objective.load_state_dict(state["objective"])
+        objective.load_checkpoint_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, best_dev, best_step, epoch = state["step"], state["best_dev"], state["best_step"], state["epoch"]
@@ -220,10 +219,10 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
             record(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3g}", best=f"{best_dev:.2f}")
-            if main and (step % cfg.eval_every == 0 or step == total_steps):
+            if main and (step % eval_steps == 0 or step == total_steps):
                 evaluate()
                 objective.train()
-                torch.save({"objective": objective.state_dict(), "optimizer": optimizer.state_dict(),
+                torch.save({"objective": objective.checkpoint_state_dict(), "optimizer": optimizer.state_dict(),
                             "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
                             "best_dev": best_dev, "best_step": best_step, "initial_dev": initial_dev,
                             "rng": torch.get_rng_state()}, ckpt)

@@ -37,6 +37,14 @@ class Objective(nn.Module):
         """The batch's loss under "loss", plus any components worth logging (detached floats are fine)."""
         raise NotImplementedError
 
+    def checkpoint_state_dict(self) -> dict[str, Any]:
+        """What a training checkpoint keeps of this objective: by default everything."""
+        return self.state_dict()
+
+    def load_checkpoint_state_dict(self, state: dict[str, Any]) -> None:
+        """The inverse of checkpoint_state_dict(), on an objective built from the same config."""
+        self.load_state_dict(state)
+
     def inference_encoder(self) -> SentenceEncoder:
         """The model that gets evaluated and exported: training-only heads are not part of it."""
         return self.encoder

@@ -15,6 +15,7 @@ frozen m + mean pooling + e; h is training-only.
 Because m never changes, `prepare()` embeds every training sentence once and training runs on the
 cached vectors: that is what makes the paper's schedule (batch 512, 2000 epochs, lr 0.5 with decay
 1e-4, 10 warm-up epochs then cosine decay; §4.1 — the preset's business, not this module's) cheap.
+For the same reason a training checkpoint holds e and h only (checkpoint_state_dict).
 """
 
 from __future__ import annotations
@@ -164,6 +165,17 @@ class CLSR(Objective):
         z = self.h(self.e(x))
         m = z.shape[0] // 2
         return {"loss": nt_xent(z[:m], z[m:], self.temperature)}
+
+    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
+        """e and h only: the frozen encoder is rebuilt from the base model on resume, and at
+        bert-large size it would be ~99 % of every checkpoint written."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
+
+    def load_checkpoint_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith("encoder.")]
+        if missing or unexpected:
+            raise RuntimeError(f"not a CLSR head checkpoint: missing {missing}, unexpected {unexpected[:5]}")
 
     def inference_encoder(self) -> SentenceEncoder:
         """Frozen transformer + mean pooling + e (h is dropped, §3)."""
