@@ -52,12 +52,13 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         await run_in_threadpool(reg.stop)
         await run_in_threadpool(app.state.index.close)
 
-    # redirect_slashes off: an id of ".." normalised away by a client (DELETE /index/documents/.. becomes
-    # DELETE /index/) must find no route, not be redirected to one that clears the index.
+    # redirect_slashes off: a path a client normalised (DELETE /index/documents/../ becomes DELETE /index/)
+    # must find no route, not a redirect to one that clears the index.
     app = FastAPI(title="sembed", version="0.3.0", lifespan=lifespan, responses=ERROR_RESPONSES, redirect_slashes=False,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.")
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.staged_engines = {}  # model stamp → engine loaded by a reload, before the registry switches to it
 
     async def answer_error(request: Request, exc: Exception) -> Response:
         error = to_api_error(exc, settings.retry_after_s)

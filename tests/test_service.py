@@ -17,9 +17,9 @@ def client(live_service):
 
 @pytest.fixture
 def empty_index(client):
-    client.delete("/index")
+    client.delete("/index", params={"confirm": "true"})
     yield
-    client.delete("/index")
+    client.delete("/index", params={"confirm": "true"})
 
 
 def test_embed_returns_unit_vectors_of_the_model_dimension(client):

@@ -49,6 +49,9 @@ async def _embedder_for(request: Request, collection: str) -> tuple[CollectionIn
     info = await _call(request, "info", collection)
     if info.model is None:
         raise InvalidRequest(f"collection {collection!r} holds client vectors only: send `vector`, not text")
+    staged = request.app.state.staged_engines.get(info.model)  # a reload re-embedding before it switches
+    if staged is not None:
+        return info, staged
     served = registry(request).names()
     current = model_stamp(request, info.model.name) if info.model.name in served else None
     if current != info.model:
@@ -122,8 +125,17 @@ async def collection_stats(name: str, request: Request):
     return JSON(_collection(await _call(request, "info", name)))
 
 
+def _confirmed(confirm: bool, what: str) -> None:
+    """Whole-collection deletes need ?confirm=true: HTTP clients turn DELETE .../documents/.. into them."""
+    if not confirm:
+        raise ApiError(422, f"{what}: add ?confirm=true (a request for the document '..' becomes this one once a "
+                            "client normalises its path)", "Validation", param="confirm")
+
+
 @router.delete("/collections/{name}", response_model=schemas.DeleteDocumentsResponse)
-async def drop_collection(name: str, request: Request):
+async def drop_collection(name: str, request: Request, confirm: bool = False):
+    """Drop the collection and everything in it (?confirm=true)."""
+    _confirmed(confirm, f"dropping collection {name!r} deletes all its documents")
     result = await _call(request, "drop_collection", name)
     return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
@@ -218,8 +230,9 @@ async def delete_default_document(doc_id: str, request: Request):
 
 
 @router.delete("/index", response_model=schemas.DeleteDocumentsResponse)
-async def clear_index(request: Request):
-    """Remove every document of the default collection."""
+async def clear_index(request: Request, confirm: bool = False):
+    """Remove every document of the default collection (?confirm=true)."""
+    _confirmed(confirm, "DELETE /index removes every document")
     result = await _call(request, "clear", DEFAULT_COLLECTION)
     _count(request, DEFAULT_COLLECTION, 0)
     return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
