@@ -130,7 +130,9 @@ class VectorSet:
 
     @property
     def ann_ready(self) -> bool:
-        return self.type.kind == "flat" or (self._ann is not None and self._covered >= self.n - BUILD_CHUNK)
+        if self.type.kind == "flat" or self.n == 0:
+            return True
+        return self._ann is not None and self._covered >= self.n - BUILD_CHUNK
 
     def close(self) -> None:
         self._closed = True
