@@ -9,8 +9,9 @@ import pytest
 import torch
 from numpy_reference import np_info_nce
 
-from training.augment.construct import antonym_replace, other_indices, subword_replace
-from training.augment.wordnet import Antonyms, WordNetMissing, load_antonyms
+from training.augment.construct import _WORD, antonym_replace, other_indices, subword_replace
+from training.augment.pos import candidates, guess_pos
+from training.augment.wordnet import Antonyms, WordNetMissing, load_antonyms, load_lexicon
 from training.objectives import get_objective
 from training.objectives.conisi import ConIsI, default_interactive_weight
 
@@ -93,8 +94,8 @@ def test_lambda_default_and_override(tiny_encoder):
 
 def test_forward_equals_numpy_on_independently_encoded_inputs(tiny_encoder):
     """Wiring: x single, Y = (x, x) and Z = (x, c) as real pairs, CLS states, heads, Eq. 10."""
-    texts = ["It was a good day.", "The soup is hot.", "The dog sat."]
-    composed = ["It was a bad night.", "The soup is cold.", "The dog sat."]
+    texts = ["It was a good day.", "The soup is hot.", "The dog is happy."]
+    composed = ["It was a bad night.", "The soup is cold.", "The dog is unhappy."]
     obj = ConIsI(tiny_encoder, strategy="o2", antonym_probability=1.0)
     obj.train()
     tiny_encoder.eval()  # no dropout, so the reference sees the same network; BN stays in training mode
@@ -205,13 +206,19 @@ def test_o1_collate_only_touches_the_composed_sentence(tiny_encoder):
 # ---------- o2: WordNet antonyms ----------
 def test_antonym_table_from_the_debian_wordnet():
     table = load_antonyms()
-    assert table["good"][0] == "bad" and table["hot"][0] == "cold" and table["up"][0] == "down"
+    assert table["good"]["adj"][0] == "bad" and table["hot"]["adj"][0] == "cold"
+    assert table["close"] == {"adj": ("distant",), "verb": ("open",)}  # one entry per part of speech
     for word in ("dog", "the", "guitar"):
         assert word not in table
+    # WordNet antonymy never crosses parts of speech: every antonym is a lemma of its entry's POS
+    lexicon = load_lexicon()
+    for word, by_pos in table.items():
+        for pos, ants in by_pos.items():
+            assert all(pos in lexicon[a.lower()] for a in ants), (word, pos, ants)
 
 
 def test_antonym_replacement():
-    ant = Antonyms()
+    ant = Antonyms().in_context
     gen = torch.Generator().manual_seed(0)
     assert antonym_replace("good", ant, generator=gen) == "bad"  # one candidate: always replaced
     assert antonym_replace("The soup is hot.", ant, generator=gen) == "The soup is cold."
@@ -221,6 +228,123 @@ def test_antonym_replacement():
     outs = [antonym_replace("good and hot", ant, probability=0.5, generator=gen) for _ in range(400)]
     assert all(o != "good and hot" for o in outs)  # at least one always replaced
     assert 0.55 < np.mean(["bad" in o for o in outs]) < 0.8  # 0.5 + 0.5·0.5·0.5 = 0.625 expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("He will close the door.", "He will open the door."),  # verb
+        ("The house is close to the river.", "The house is distant to the river."),  # adjective
+        ("She carried a light bag.", "She carried a heavy bag."),  # adjective
+        ("Turn on the light.", "Turn on the dark."),  # noun: not "heavy"
+        ("Prices rise sharply.", "Prices fall sharply."),  # verb
+        ("The fall of the empire.", "The rise of the empire."),  # noun
+        ("They left the room.", "They left the room."),  # "leave" in the past: no adjective "right"
+        ("He is not happy.", "He is not unhappy."),
+    ],
+)
+def test_antonyms_are_taken_in_the_words_part_of_speech(text, expected):
+    assert antonym_replace(text, Antonyms().in_context, probability=1.0) == expected
+
+
+def test_pos_guess_on_hand_tagged_sentences():
+    lexicon = load_lexicon()
+    cases = {
+        "He will close the door": [None, None, "verb", None, "noun"],
+        "A close friend came back": [None, "adj", "noun", "verb", "adv"],
+        "The light is too bright": [None, "noun", None, "adv", "adj"],
+        "Fall vertically or sharply": ["verb", "adv", None, "adv"],
+        "The lights are off": [None, "noun", None, "adj"],
+    }
+    for sentence, tags in cases.items():
+        assert guess_pos(sentence.split(), lexicon) == tags, sentence
+
+
+def _content(sentence: str, lexicon) -> bool:
+    return any(candidates(m.group().lower(), lexicon) for m in _WORD.finditer(sentence))
+
+
+@pytest.fixture(scope="module")
+def corpus_sample(shared_data):
+    return (shared_data / "corpus" / "wordnet-sentences.txt").read_text().splitlines()[:512]
+
+
+def _same_rate(obj, texts, seed=0):
+    gen, same = torch.Generator().manual_seed(seed), 0
+    for i in range(0, len(texts), 64):
+        ids = obj.collate(texts[i : i + 64], generator=gen)["pairs"]["input_ids"]
+        n = len(ids) // 2
+        same += (ids[:n] == ids[n:]).all(1).sum().item()
+    return same / len(texts)
+
+
+@pytest.mark.parametrize("strategy", ["o1", "o2", "s"])
+def test_composed_sentence_never_equals_x_on_the_corpus(tiny_encoder, corpus_sample, strategy):
+    """ℓII needs c ≠ x. Without the guarantee, 25.9 % (o1) and 21.8 % (o2) of 2048 corpus pairs had
+    c == x (on these 512: well over 10 %)."""
+    texts = [t for t in corpus_sample if _content(t, load_lexicon())]
+    assert len(texts) > 500
+    assert _same_rate(ConIsI(tiny_encoder, strategy=strategy), texts) == 0.0
+    if strategy != "s":
+        assert _same_rate(ConIsI(tiny_encoder, strategy=strategy, ensure_different=False), texts) > 0.1
+
+
+def test_o2_replacements_on_the_corpus_share_the_words_part_of_speech(corpus_sample):
+    ant, lexicon = Antonyms(), load_lexicon()
+    replaced = 0
+    for sentence in corpus_sample:
+        words = [m.group() for m in _WORD.finditer(sentence)]
+        for word, tag, options in zip(words, guess_pos(words, lexicon), ant.in_context(words)):
+            if options:
+                replaced += 1
+                assert tag in lexicon[word.lower()]  # the word is a WordNet lemma of that part of speech
+                assert all(tag in lexicon[a.lower()] for a in options), (sentence, word, tag, options)
+                assert options == load_antonyms()[word.lower()][tag]
+    assert replaced > 300  # most sentences have a word with an antonym in its part of speech
+
+
+@pytest.mark.parametrize(
+    "strategy, texts",
+    [("s", ["The same sentence twice.", "The same sentence twice."]), ("o2", ["The dog barked at the cat."])],
+)
+def test_identical_c_falls_back_to_subword_replacement(tiny_encoder, strategy, texts):
+    obj = ConIsI(tiny_encoder, strategy=strategy)
+    for seed in range(5):
+        batch = obj.collate(texts, generator=torch.Generator().manual_seed(seed))
+        ids, tt = batch["pairs"]["input_ids"], batch["pairs"]["token_type_ids"]
+        n = len(texts)
+        ref = tiny_encoder.tokenizer(texts, texts, padding=True, return_tensors="pt")["input_ids"]
+        assert torch.equal(ids[:n], ref)  # Y untouched
+        diff = ids[n:] != ref
+        assert diff.any(1).all()  # every c differs from its x ...
+        assert not diff[tt[n:] == 0].any()  # ... in c's own sub-words only
+    with_off = ConIsI(tiny_encoder, strategy=strategy, ensure_different=False).collate(texts)["pairs"]["input_ids"]
+    assert torch.equal(with_off[: len(texts)], with_off[len(texts) :])
+
+
+def test_forced_subword_replacement_changes_every_row():
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 1010, (3000, 12), generator=gen)  # a small vocabulary: draws often repeat
+    replaceable = torch.rand(ids.shape, generator=gen) < 0.5
+    replaceable[:10] = False  # rows with nothing replaceable stay as they are
+    vocab = torch.arange(1000, 1010)
+    new, chosen, replaced = subword_replace(ids, replaceable, vocab, proportion=0.0, generator=gen, at_least_one=True)
+    has = replaceable.any(1)
+    changed = new != ids
+    assert torch.equal(changed.sum(1), has.long())  # exactly one changed position per such row
+    assert not (changed & ~replaceable).any() and torch.equal(changed, replaced) and torch.equal(changed, chosen)
+    assert torch.equal(new[:10], ids[:10])
+    assert new[changed].min() >= 1000 and new[changed].max() <= 1009
+    # the forced position is uniform among the row's replaceable ones
+    first = replaceable.float().argmax(1)
+    hit_first = changed[torch.arange(len(ids)), first][has].float().mean().item()
+    assert hit_first == pytest.approx((1 / replaceable.sum(1)[has].float()).mean().item(), abs=0.03)
+    # at the paper's rate, rows that changed by themselves keep their draws
+    free, _, _ = subword_replace(ids, replaceable, vocab, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    forced, _, _ = subword_replace(ids, replaceable, vocab, generator=gen, at_least_one=True)
+    moved = (free != ids).any(1)
+    assert torch.equal(forced[moved], free[moved]) and (forced[has] != ids[has]).any(1).all()
 
 
 def test_o2_collate_composes_antonym_pairs(tiny_encoder):

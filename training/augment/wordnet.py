@@ -7,10 +7,14 @@ so reading it here takes a few lines and no global nltk configuration.
 
 What is read: every lexical antonym pointer "!" in data.{adj,adv,verb,noun}. A pointer's
 source/target field "sstt" names the word number in the source and target synsets, so the pair is
-word-to-word (good ↔ bad), not synset-to-synset. Each word's antonyms are ordered by part of
-speech (adjective, adverb, verb, noun: antonymy is mostly adjectival, and without a tagger we do
-not know the word's part of speech) and then by the sense order of index.<pos> (most frequent
-sense first), so `antonyms("good")[0]` is "bad" and `antonyms("hot")[0]` is "cold".
+word-to-word (good ↔ bad), not synset-to-synset, and always within one part of speech (WordNet
+has no cross-POS antonym pointer), so the table is keyed by word *and* part of speech: "close"
+as a verb gives "open", as an adjective "distant". Within a part of speech antonyms follow the
+sense order of index.<pos> (most frequent sense first). `Antonyms.in_context` picks the part of
+speech from the word's use in its sentence (training/augment/pos.py).
+
+The POS guess also reads the index files (which parts of speech each lemma has, and how often
+each was tagged in WordNet's semantic concordance) and the morphological exception lists (*.exc).
 
 Only base forms are keys: "hotter" is not looked up as "hot", because its antonym could not be
 re-inflected anyway. Multi-word lemmas are stored with spaces ("ill at ease").
@@ -21,6 +25,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+
+from training.augment.pos import guess_pos
 
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
 #: Debian/Ubuntu package that installs the database files read here (data.* and index.*).
@@ -53,6 +59,10 @@ def _parse_synset(line: str) -> tuple[int, list[str], list[tuple[str, int, str, 
     return offset, words, ptrs
 
 
+#: per lemma and part of speech: (tagsense_cnt, synset_cnt) from index.<pos>, the POS guess's prior
+Lexicon = dict[str, dict[str, tuple[int, int]]]
+
+
 def check_wordnet_dir(wordnet_dir: str | Path) -> Path:
     root = Path(wordnet_dir)
     needed = [f"{kind}.{pos}" for pos in POS_ORDER for kind in ("data", "index")]
@@ -68,8 +78,8 @@ def check_wordnet_dir(wordnet_dir: str | Path) -> Path:
 
 
 @lru_cache(maxsize=4)
-def load_antonyms(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> dict[str, tuple[str, ...]]:
-    """lower-case word → its antonyms, best first (see the module docstring for the order).
+def load_antonyms(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> dict[str, dict[str, tuple[str, ...]]]:
+    """lower-case word → {part of speech: its antonyms in that part of speech, best first}.
 
     Cached per directory; about a second to build, then shared by every collate call in the process.
     """
@@ -88,18 +98,43 @@ def load_antonyms(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> dict[str, tu
                     antonym = _target_word(root, tgt_pos, tgt_off, tgt)
                     found.setdefault((words[src - 1].lower(), pos, offset), []).append(antonym)
     sense_rank = _sense_ranks(root, {(w, p) for w, p, _ in found})
-    ranked: dict[str, list[tuple[int, int, str]]] = {}
+    ranked: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for (word, pos, offset), ants in found.items():
         rank = sense_rank.get((word, pos), {}).get(offset, 10**6)
-        for a in ants:
-            ranked.setdefault(word, []).append((POS_ORDER.index(pos), rank, a))
-    out = {}
-    for word, items in ranked.items():
-        seen: dict[str, None] = {}
-        for _, _, a in sorted(items, key=lambda t: (t[0], t[1])):
-            if a.lower() != word:
-                seen.setdefault(a, None)
-        out[word] = tuple(seen)
+        ranked.setdefault((word, pos), []).extend((rank, a) for a in ants)
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for (word, pos), items in ranked.items():
+        seen = dict.fromkeys(a for _, a in sorted(items, key=lambda t: t[0]) if a.lower() != word)
+        if seen:
+            out.setdefault(word, {})[pos] = tuple(seen)
+    return out
+
+
+@lru_cache(maxsize=4)
+def load_lexicon(wordnet_dir: str | Path = DEFAULT_WORDNET_DIR) -> Lexicon:
+    """Every lemma's parts of speech with (tagsense_cnt, synset_cnt), plus the inflected forms of the
+    exception lists (*.exc, e.g. "fell" → verb) under their base form's counts."""
+    root = check_wordnet_dir(wordnet_dir)
+    out: Lexicon = {}
+    for pos in POS_ORDER:
+        with open(root / f"index.{pos}", encoding="utf-8") as index:
+            for line in index:
+                if line.startswith("  "):
+                    continue
+                fields = line.split()
+                n_ptr_types = int(fields[3])
+                counts = (int(fields[5 + n_ptr_types]), int(fields[2]))  # tagsense_cnt, synset_cnt
+                out.setdefault(fields[0].replace("_", " "), {})[pos] = counts
+    for pos in POS_ORDER:
+        exc = root / f"{pos}.exc"
+        if not exc.is_file():  # optional: only sharpens the guess for irregular forms
+            continue
+        with open(exc, encoding="utf-8") as f:
+            for line in f:
+                inflected, *bases = line.split()
+                base = out.get(bases[0].replace("_", " "), {}) if bases else {}
+                if pos in base:
+                    out.setdefault(inflected.replace("_", " "), {}).setdefault(pos, base[pos])
     return out
 
 
@@ -130,7 +165,8 @@ def _sense_ranks(root: Path, wanted: set[tuple[str, str]]) -> dict[tuple[str, st
 
 
 class Antonyms:
-    """Lazy handle on `load_antonyms` (picklable for DataLoader workers: holds only the path)."""
+    """Lazy handle on the antonym table and the lexicon (picklable for DataLoader workers: holds only
+    the path)."""
 
     def __init__(self, wordnet_dir: str | Path = DEFAULT_WORDNET_DIR):
         self.wordnet_dir = str(wordnet_dir)
@@ -139,8 +175,21 @@ class Antonyms:
         check_wordnet_dir(self.wordnet_dir)
 
     @property
-    def table(self) -> dict[str, tuple[str, ...]]:
+    def table(self) -> dict[str, dict[str, tuple[str, ...]]]:
         return load_antonyms(self.wordnet_dir)
 
-    def __call__(self, word: str) -> tuple[str, ...]:
-        return self.table.get(word.lower(), ())
+    @property
+    def lexicon(self) -> Lexicon:
+        return load_lexicon(self.wordnet_dir)
+
+    def __call__(self, word: str, pos: str | None = None) -> tuple[str, ...]:
+        """The antonyms of `word` as `pos`; with pos None, those of every part of speech in POS_ORDER."""
+        by_pos = self.table.get(word.lower(), {})
+        if pos is not None:
+            return by_pos.get(pos, ())
+        return tuple(dict.fromkeys(a for p in POS_ORDER for a in by_pos.get(p, ())))
+
+    def in_context(self, words: list[str]) -> list[tuple[str, ...]]:
+        """For each word of a sentence, its antonyms in the part of speech it has there (or none)."""
+        tags = guess_pos(words, self.lexicon)
+        return [self(w, t) if t else () for w, t in zip(words, tags)]

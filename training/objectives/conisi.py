@@ -38,7 +38,14 @@ Readings where the paper is ambiguous (all keywords):
   falls back to "o1" for it.
 - o1's proportion is not given in the paper; `subword_proportion` = 0.15, BERT's MLM rate, whose
   80%/20% rule ConIsI uses. o2's rate is not given either: `antonym_probability` (0.5) per
-  antonym-bearing word, at least one per sentence (`antonym_at_least_one`).
+  antonym-bearing word, at least one per sentence (`antonym_at_least_one`). o2 takes each word's
+  antonym in the part of speech the word has in its sentence (a rule over WordNet's lexicon,
+  training/augment/pos.py): antonymy in WordNet only links words of one part of speech.
+- c ≠ x (`ensure_different`, default on): c is meant to be "not in the same semantic category" as
+  x, and a pair with c == x is the positive Y labelled negative. o1 then replaces at least one
+  sub-word for real, and any c that still equals x token for token (o2 with no antonym in the
+  sentence, s drawing a duplicate sentence) gets o1 instead: like o2 it keeps c textually close to x.
+  Off, 25.9 % (o1) and 21.8 % (o2) of the pairs of 2048 offline-corpus sentences had c == x.
 - Pooling: [CLS] (`pooling`="cls"); a preset may override it (the encoder's pooling is then used
   for h everywhere, training and inference alike).
 - Multi-GPU: the contrastive negatives g(hY_j) are gathered from all ranks; BN statistics and the
@@ -95,6 +102,7 @@ class ConIsI(Objective):
         subword_random_share: float = SUBWORD_RANDOM_SHARE,
         antonym_probability: float = ANTONYM_PROBABILITY,
         antonym_at_least_one: bool = True,
+        ensure_different: bool = True,
         wordnet_dir: str | Path = DEFAULT_WORDNET_DIR,
         batchnorm: str = "joint",
         logit_dim: int | None = 1,
@@ -119,6 +127,7 @@ class ConIsI(Objective):
         self.subword_random_share = subword_random_share
         self.antonym_probability = antonym_probability
         self.antonym_at_least_one = antonym_at_least_one
+        self.ensure_different = ensure_different
         self.antonyms = Antonyms(wordnet_dir)
         if strategy == "o2":
             self.antonyms.check()  # fail now, with the apt package named, not in a DataLoader worker
@@ -133,7 +142,7 @@ class ConIsI(Objective):
 
     def prepare(self, examples: list, device: torch.device) -> None:
         if self.strategy == "o2":
-            _ = self.antonyms.table  # build once here, so forked DataLoader workers inherit it
+            _ = self.antonyms.table, self.antonyms.lexicon  # built once here: forked DataLoader workers inherit them
 
     # ---- batch construction (CPU, DataLoader workers) ----
     def collate(self, examples: list[str], generator: torch.Generator | None = None) -> dict[str, Any]:
@@ -158,7 +167,9 @@ class ConIsI(Objective):
             composed = [cut[k] for k in partner.tolist()]
         elif strategy == "o2":
             composed = [
-                antonym_replace(x, self.antonyms, self.antonym_probability, self.antonym_at_least_one, generator)
+                antonym_replace(
+                    x, self.antonyms.in_context, self.antonym_probability, self.antonym_at_least_one, generator
+                )
                 for x in cut
             ]
         else:
@@ -171,18 +182,22 @@ class ConIsI(Objective):
             max_length=self.pair_max_length,
             return_tensors="pt",
         )
-        if strategy == "o1":
-            n = len(cut)
-            second = torch.tensor([[s == 1 for s in pairs.sequence_ids(i)] for i in range(2 * n)], dtype=torch.bool)
-            second[:n] = False  # only Z's second sentence is c; Y stays [x; x]
-            pairs["input_ids"], _, _ = subword_replace(
-                pairs["input_ids"],
-                second,
+        n = len(cut)
+        ids = pairs["input_ids"]
+        # o1 corrupts every c; the others fall back to it where c came out equal to x
+        rows = torch.ones(n, dtype=torch.bool) if strategy == "o1" else (ids[:n] == ids[n:]).all(1)
+        if strategy == "o1" or (self.ensure_different and rows.any()):
+            c_tokens = torch.tensor([[s == 1 for s in pairs.sequence_ids(i)] for i in range(n, 2 * n)])
+            new, _, _ = subword_replace(
+                ids[n:],
+                c_tokens & rows.unsqueeze(1),  # only Z's second sentence is c; Y stays [x; x]
                 self.vocab_ids,
                 self.subword_proportion,
                 self.subword_random_share,
                 generator,
+                at_least_one=self.ensure_different,
             )
+            pairs["input_ids"] = torch.cat([ids[:n], new])
         return {"single": model_inputs(single), "pairs": model_inputs(pairs)}
 
     # ---- losses ----
