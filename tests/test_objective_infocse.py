@@ -3,6 +3,8 @@ against numpy, stage-1 pre-training, the MLM head's source and the exported enco
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -311,3 +313,129 @@ def test_keywords(tiny_encoder):
     obj.train()
     out = obj(obj.collate(TEXTS))
     assert torch.isfinite(out["loss"])
+
+
+# ---------- starting from a Condenser checkpoint ----------
+@pytest.fixture
+def condenser_dir(tiny_model_dir, tmp_path):
+    """A checkpoint saved the way Condenser's CondenserForPretraining.save_pretrained saves one: the
+    *ForMaskedLM model as an HF directory, and model.pt with every non-"lm." tensor ("c_head.*")."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    class Condenser(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.lm = BertForMaskedLM(config)
+            self.c_head = torch.nn.ModuleList([BertLayer(config) for _ in range(2)])
+
+    torch.manual_seed(3)
+    config = BertConfig.from_pretrained(tiny_model_dir)
+    model = Condenser(config)
+    with torch.no_grad():  # trained-looking weights, far from any fresh initialisation
+        for p in list(model.c_head.parameters()) + list(model.lm.cls.predictions.transform.parameters()):
+            p.normal_(0.0, 0.3)
+    out = tmp_path / "condenser"
+    model.lm.save_pretrained(out)
+    torch.save({k: v for k, v in model.state_dict().items() if not k.startswith("lm")}, out / "model.pt")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    model.eval()
+    return out, model
+
+
+def test_condenser_checkpoint_becomes_the_auxiliary_network(condenser_dir):
+    path, condenser = condenser_dir
+    encoder = SentenceEncoder.from_pretrained(path, max_seq_length=32)
+    obj = InfoCSE(encoder)
+    assert obj.aux_source == str(path) and obj.mlm_head_source == str(path)
+    for (name, p), (_, q) in zip(obj.extra_layers.layers.named_parameters(), condenser.c_head.named_parameters()):
+        assert torch.equal(p, q), name
+    # the same auxiliary network as Condenser's forward: c_head over [top CLS ; skip-layer states], lm.cls
+    obj.eval()
+    torch.manual_seed(0)
+    mlm = obj.collate_stage1(["A man is playing a guitar.", "Stocks fell."])  # padded: the mask matters
+    with torch.no_grad():
+        _, h, tapped = obj.stage1_inputs(mlm)
+        ours = obj.mlm_head(obj.extra_layers(obj.aux_input(h, tapped), mlm["attention_mask"]))
+        inputs = {k: v for k, v in mlm.items() if k != "labels"}
+        lm_out = condenser.lm(**inputs, output_hidden_states=True)
+        hiddens = torch.cat([lm_out.hidden_states[-1][:, :1], lm_out.hidden_states[obj.tap_layer][:, 1:]], dim=1)
+        # Condenser's get_extended_attention_mask: 0 where attended, a large negative at padding
+        mask = (1.0 - mlm["attention_mask"][:, None, None, :].float()) * -10000.0
+        for layer in condenser.c_head:
+            out = layer(hiddens, mask)
+            hiddens = out[0] if isinstance(out, tuple) else out
+        theirs = condenser.lm.cls(hiddens)
+    keep = mlm["attention_mask"].bool()
+    torch.testing.assert_close(ours[keep], theirs[keep], rtol=1e-4, atol=1e-4)
+    obj.prepare(TEXTS, CPU, steps=0)  # the official recipe: no further stage 1
+    torch.testing.assert_close(obj.extra_layers.layers[1].output.dense.weight, condenser.c_head[1].output.dense.weight)
+
+
+def test_condenser_head_from_another_directory_and_mismatches(tiny_encoder, condenser_dir):
+    path, condenser = condenser_dir
+    obj = InfoCSE(tiny_encoder, aux_from=str(path))
+    assert obj.aux_source == str(path) and obj.mlm_head_source == "fresh"
+    torch.testing.assert_close(obj.extra_layers.layers[0].attention.self.query.weight,
+                               condenser.c_head[0].attention.self.query.weight)
+    with pytest.raises(ValueError, match="2 head layers"):
+        InfoCSE(tiny_encoder, aux_from=str(path), num_extra_layers=1)
+    assert InfoCSE(tiny_encoder).aux_source == "random"  # no model.pt: fresh extra layers
+
+
+# ---------- the official stage-2 recipe ----------
+def test_bn_mlp_is_the_official_projection_over_both_views(tiny_encoder):
+    obj = InfoCSE(tiny_encoder, projection="bn_mlp")
+    lin1, bn1, act, lin2, bn2 = obj.mlp
+    assert (lin1.in_features, lin1.out_features, lin1.bias) == (32, 64, None)
+    assert bn1.num_features == 64 and bn1.affine and isinstance(act, torch.nn.ReLU)
+    assert (lin2.in_features, lin2.out_features, lin2.bias) == (64, 32, None)
+    assert bn2.num_features == 32 and not bn2.affine
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        bn1.weight.copy_(torch.rand(64, generator=gen) + 0.5)
+        bn1.bias.copy_(torch.randn(64, generator=gen))
+    obj.train()
+    z1, z2 = torch.randn(6, 32, generator=gen), torch.randn(6, 32, generator=gen) + 2.0
+    out = obj.mlp(torch.cat([z1, z2]))
+    assert out.shape == (12, 32)
+    torch.testing.assert_close(out.mean(0), torch.zeros(32), atol=1e-5, rtol=0)  # the last BN, no affine
+    torch.testing.assert_close(out.var(0, unbiased=False), torch.ones(32), atol=1e-3, rtol=0)
+
+    def bn(a, gamma=1.0, beta=0.0):
+        return (a - a.mean(0)) / np.sqrt(a.var(0) + 1e-5) * gamma + beta
+
+    w1, w2 = lin1.weight.detach().double().numpy(), lin2.weight.detach().double().numpy()
+    z = np.concatenate([z1.double().numpy(), z2.double().numpy()])  # one batch: the official flattening
+    a = np.maximum(bn(z @ w1.T, bn1.weight.detach().double().numpy(), bn1.bias.detach().double().numpy()), 0)
+    g = bn(a @ w2.T)
+    want = np_info_nce(g[:6], g[6:], 0.05)
+    assert obj.loss_from_embeddings(z1, z2).item() == pytest.approx(want, rel=1e-4)
+    obj.eval()  # at inference, running statistics: a row does not depend on the rest of the batch
+    torch.testing.assert_close(obj.mlp(z1)[:1], obj.mlp(z1[:1]))
+
+
+def test_official_recipe_preset_resolves(tiny_encoder):
+    from training.config import PRESETS, make_config
+
+    cfg = make_config("infocse", "paper-official")
+    assert (cfg.lr, cfg.epochs, cfg.batch_size, cfg.precision, cfg.eval_every) == (7e-6, 2, 64, "fp16", 125)
+    assert cfg.base_model == "Luyu/condenser"
+    assert cfg.objective == {"pooling": "cls", "projection": "bn_mlp", "stage1_steps": 0, "aux_lower_dropout": False}
+    paper_simcse = dataclasses.replace(make_config("simcse", "paper"), preset="paper-official")
+    assert make_config("simcse", "paper-official") == paper_simcse  # other methods: their paper's
+    assert PRESETS["paper"]["infocse"]["lr"] == 3e-5  # the paper's text stays the `paper` preset
+
+    obj = InfoCSE(tiny_encoder, **cfg.objective)
+    assert isinstance(obj.mlp[1], torch.nn.BatchNorm1d) and obj.stage1["steps"] == 0
+    obj.prepare(TEXTS, CPU)
+    obj.train()
+    assert tiny_encoder.training and not obj.aux_lower.training  # --mlm_eval: no dropout in the frozen copy
+    mlm = obj.collate(TEXTS)["mlm"]
+    torch.testing.assert_close(obj.tapped_states(mlm), obj.tapped_states(mlm), rtol=0, atol=0)
+    out = obj(obj.collate(TEXTS))
+    assert torch.isfinite(out["loss"])
+
+    default = stage2(tiny_encoder)
+    default.train()
+    assert default.aux_lower.training  # aux_lower_dropout=True: dropout follows the objective's mode

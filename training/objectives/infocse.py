@@ -31,6 +31,12 @@ Choices where the paper is silent (each a keyword):
 - tap_layer: the paper taps layer 6 of 12; other depths tap num_layers // 2 (3 for MiniLM-L6).
 - extra_layers_init "random": Condenser initialises its head layers afresh; "top" copies the
   encoder's top layers (what Table 4's "w/o pre-training" ablation uses, with stage1_steps=0).
+- Starting from a Condenser checkpoint (`aux_from`, default: where the encoder was loaded from):
+  Condenser's pre-training *is* stage 1 (Eq. 4–6), and the official stage-2 script starts from
+  Luyu/condenser. When that directory holds Condenser's `model.pt`, its "c_head.*" layers become the
+  extra layers (replacing extra_layers_init) and its "cls.predictions.*" the MLM head; stage 1 then
+  continues from them for stage1_steps (0 skips it, as the official recipe does). tap_layer must be
+  Condenser's --skip_from (6 for Luyu/condenser, the default num_layers // 2 of BERT-base).
 - The MLM head: loaded from the base checkpoint's "cls.predictions.*" (or RoBERTa "lm_head.*")
   weights when its directory has them (`mlm_head_from`, default: where the encoder was loaded
   from); otherwise a fresh BertOnlyMLMHead-like head (BERT init) whose W is tied to the word
@@ -50,10 +56,16 @@ Choices where the paper is silent (each a keyword):
 - Masking is BERT's 80/10/10 (transformers' DataCollatorForLanguageModeling) at the stage's rate;
   special tokens and padding are never masked; labels are −100 elsewhere.
 - projection "mlp" is SimCSE's Linear+Tanh (§3.2: "same as SimCSE"). The official script passes
-  --batchnorm ("two-layer mlp for the pooler"); projection="bn_mlp" is our reading of it, DiffCSE's
-  Linear-BN-ReLU-Linear-BN projector.
-- The frozen lower copy follows the objective's train/eval mode (dropout in training), as a module
-  of the official model would; it runs under no_grad, so its states carry no graph.
+  --batchnorm; projection="bn_mlp" is its ProjectionMLP (infocse/models_cls_mlm.py):
+  Linear(d, 2d) → BN → ReLU → Linear(2d, d) → BN without affine, Linears without bias. Both views
+  go through it as one batch (the official code flattens [B, 2, d] first), so BN's statistics are
+  those of all 2B rows.
+- The frozen lower copy runs under no_grad (its states carry no graph) and, with
+  `aux_lower_dropout` (default), follows the objective's train/eval mode. The official script
+  passes --mlm_eval, which keeps it in eval mode (no dropout): aux_lower_dropout=False.
+- Official stage-2 recipe (infocse-bert-base.sh; the paper's §4.2 text says lr 3e-5, one epoch):
+  start from Luyu/condenser, lr 7e-6, 2 epochs, batch 64, fp16, bn_mlp, --mlm_eval, λ 1e-5, mask
+  rate 0.4, evaluation every 125 steps: training/config.py's preset "paper-official".
 The training loop knows nothing of stages; after a resume, prepare() runs stage 1 again before the
 checkpoint overwrites every weight (wasted time, same result).
 """
@@ -73,12 +85,19 @@ from transformers import DataCollatorForLanguageModeling
 from training.distributed import is_distributed
 from training.encoder import SentenceEncoder, pool
 from training.objectives.base import Objective
-from training.objectives.infocse_aux import ExtraLayers, MLMHead, find_mlm_head_state, frozen_lower_copy
+from training.objectives.infocse_aux import (
+    ExtraLayers,
+    MLMHead,
+    find_condenser_head_state,
+    find_mlm_head_state,
+    frozen_lower_copy,
+)
 from training.objectives.simcse import info_nce, model_inputs
 
 
 class ProjectionMLP(nn.Sequential):
-    """DiffCSE's projector (the official InfoCSE script's --batchnorm): Linear-BN-ReLU-Linear-BN."""
+    """The official InfoCSE code's --batchnorm projector (its ProjectionMLP, DiffCSE's too):
+    Linear(d, 2d, no bias) → BatchNorm1d(2d) → ReLU → Linear(2d, d, no bias) → BatchNorm1d(d, no affine)."""
 
     def __init__(self, d: int):
         super().__init__(
@@ -114,6 +133,8 @@ class InfoCSE(Objective):
         extra_layers_init: str = "random",
         projection: str = "mlp",
         mlm_head_from: str | None = None,
+        aux_from: str | None = None,
+        aux_lower_dropout: bool = True,
         stage1_steps: int | None = None,
         stage1_epochs: float = 8.0,
         stage1_batch_size: int = 1024,
@@ -171,6 +192,12 @@ class InfoCSE(Objective):
         if state is not None:
             self.mlm_head.load_state_dict(state, strict=False)  # W stays tied to the embeddings
         self.mlm_head_source = str(source) if state is not None else "fresh"
+        condenser_source = aux_from or source
+        condenser = find_condenser_head_state(condenser_source)
+        if condenser is not None:
+            self.extra_layers.load_condenser(condenser)
+        self.aux_source = str(condenser_source) if condenser is not None else extra_layers_init
+        self.aux_lower_dropout = aux_lower_dropout
         self.aux_lower: nn.Module | None = None  # stage 2's frozen lower layers, built by prepare()
 
         tok = encoder.tokenizer
@@ -221,8 +248,10 @@ class InfoCSE(Objective):
         return self.mlm_head.loss(hidden, labels)
 
     def loss_from_embeddings(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        """L_cl (Eq. 3): InfoNCE over the MLP of the two dropout views, in-batch negatives."""
-        return info_nce(self.mlp(z1), self.mlp(z2), self.temperature)
+        """L_cl (Eq. 3): InfoNCE over the MLP of the two dropout views, in-batch negatives. The views
+        pass the MLP as one batch: the same thing for Linear+Tanh, one set of BN statistics for bn_mlp."""
+        g1, g2 = self.mlp(torch.cat([z1, z2])).chunk(2)
+        return info_nce(g1, g2, self.temperature)
 
     def stage1_inputs(self, mlm: dict[str, torch.Tensor]):
         """Stage 1's shared pass over x̂: (H, h, M) with M the tap layer's states (with grad)."""
@@ -287,8 +316,14 @@ class InfoCSE(Objective):
         device = torch.device(device)
         self._pretrain_aux(list(examples), device, cfg)
         self.aux_lower = frozen_lower_copy(self.encoder.transformer, self.tap_layer).to(device)
-        self.aux_lower.train(self.training)
+        self.train(self.training)  # puts the new copy in the mode it should have
         self.mlm_head.untie()
+
+    def train(self, mode: bool = True) -> InfoCSE:
+        super().train(mode)
+        if self.aux_lower is not None and not self.aux_lower_dropout:
+            self.aux_lower.eval()  # the official --mlm_eval
+        return self
 
     def _pretrain_aux(self, examples: list[str], device: torch.device, cfg: dict) -> None:
         world = dist.get_world_size() if is_distributed() else 1

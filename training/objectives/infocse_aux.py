@@ -2,6 +2,12 @@
 MLM losses, the extra transformer layers over [h ; M>0], and the frozen lower-layer copy of stage 2.
 
 They are kept apart from `infocse.py` so the objective reads as the paper's equations.
+
+Condenser (Gao & Callan, 2021) is InfoCSE's stage 1 under another name: its pre-training loss is
+the MLM of extra layers over [CLS ; skip-layer states] plus the encoder's own MLM ("late MLM"),
+InfoCSE Eq. 4–6. A Condenser checkpoint is a *ForMaskedLM directory (the encoder and its MLM head,
+"cls.predictions.*") with `model.pt` beside it holding the extra layers as "c_head.<i>.*" (its
+save_pretrained drops the "lm.*" keys). `find_condenser_head_state` reads them for ExtraLayers.
 """
 
 from __future__ import annotations
@@ -123,6 +129,35 @@ def find_mlm_head_state(model_dir: str | Path | None) -> dict[str, torch.Tensor]
     return None
 
 
+CONDENSER_FILE = "model.pt"
+CONDENSER_PREFIX = "c_head."
+
+
+def find_condenser_head_state(model_dir: str | Path | None) -> dict[str, torch.Tensor] | None:
+    """Condenser's extra layers from `<model_dir>/model.pt`, renamed to ExtraLayers' keys
+    ("c_head.0.attention..." → "layers.0.attention..."); None when there is no such file or it holds
+    no "c_head.*" tensors. `model_dir` is a directory or a hub name already in the local cache."""
+    d = _local_dir(model_dir)
+    if d is None:
+        try:
+            from transformers.utils import cached_file
+
+            found = cached_file(
+                str(model_dir), CONDENSER_FILE, local_files_only=True, _raise_exceptions_for_missing_entries=False
+            )
+        except Exception:  # not a hub name, or not cached
+            return None
+        if not found:
+            return None
+        d = Path(found).parent
+    f = d / CONDENSER_FILE
+    if not f.is_file():
+        return None
+    state = torch.load(f, map_location="cpu", weights_only=True)
+    out = {"layers." + k[len(CONDENSER_PREFIX) :]: v for k, v in state.items() if k.startswith(CONDENSER_PREFIX)}
+    return out or None
+
+
 def _local_dir(name_or_path: str | Path | None) -> Path | None:
     """A model directory: the path itself, or a hub name's snapshot already in the local cache."""
     if name_or_path is None or str(name_or_path) == "":
@@ -162,6 +197,18 @@ class ExtraLayers(nn.Module):
             p.requires_grad_(True)
         if init == "random":
             init_bert_weights(self.layers, getattr(self.config, "initializer_range", 0.02))
+
+    def load_condenser(self, state: dict[str, torch.Tensor]) -> None:
+        """Take Condenser's c_head weights (from `find_condenser_head_state`): every tensor of every
+        layer, and as many layers as this module has, or a ValueError naming the mismatch."""
+        n = len({k.split(".")[1] for k in state})
+        if n != len(self.layers):
+            raise ValueError(
+                f"the Condenser checkpoint has {n} head layers, InfoCSE has num_extra_layers={len(self.layers)}"
+            )
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"Condenser head does not fit the extra layers: missing {missing}, extra {unexpected}")
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
