@@ -280,8 +280,8 @@ def _same_rate(obj, texts, seed=0):
 
 @pytest.mark.parametrize("strategy", ["o1", "o2", "s"])
 def test_composed_sentence_never_equals_x_on_the_corpus(tiny_encoder, corpus_sample, strategy):
-    """ℓII needs c ≠ x. Without the guarantee, 25.9 % (o1) and 21.8 % (o2) of 2048 corpus pairs had
-    c == x (on these 512: well over 10 %)."""
+    """ℓII needs c ≠ x; without the guarantee well over 10 % of the pairs have c == x (ConIsI's
+    docstring gives the rates on 2048 corpus sentences)."""
     texts = [t for t in corpus_sample if _content(t, load_lexicon())]
     assert len(texts) > 500
     assert _same_rate(ConIsI(tiny_encoder, strategy=strategy), texts) == 0.0
