@@ -381,6 +381,8 @@ def test_condenser_head_from_another_directory_and_mismatches(tiny_encoder, cond
     with pytest.raises(ValueError, match="2 head layers"):
         InfoCSE(tiny_encoder, aux_from=str(path), num_extra_layers=1)
     assert InfoCSE(tiny_encoder).aux_source == "random"  # no model.pt: fresh extra layers
+    with pytest.raises(FileNotFoundError, match="Condenser"):  # asked for by name: must be there
+        InfoCSE(tiny_encoder, aux_from=str(path.parent))
 
 
 # ---------- the official stage-2 recipe ----------
@@ -421,12 +423,14 @@ def test_official_recipe_preset_resolves(tiny_encoder):
     cfg = make_config("infocse", "paper-official")
     assert (cfg.lr, cfg.epochs, cfg.batch_size, cfg.precision, cfg.eval_every) == (7e-6, 2, 64, "fp16", 125)
     assert cfg.base_model == "Luyu/condenser"
-    assert cfg.objective == {"pooling": "cls", "projection": "bn_mlp", "stage1_steps": 0, "aux_lower_dropout": False}
+    official = {"pooling": "cls", "projection": "bn_mlp", "stage1_steps": 0, "aux_from": "Luyu/condenser",
+                "aux_lower_dropout": False}
+    assert cfg.objective == official
     paper_simcse = dataclasses.replace(make_config("simcse", "paper"), preset="paper-official")
     assert make_config("simcse", "paper-official") == paper_simcse  # other methods: their paper's
     assert PRESETS["paper"]["infocse"]["lr"] == 3e-5  # the paper's text stays the `paper` preset
 
-    obj = InfoCSE(tiny_encoder, **cfg.objective)
+    obj = InfoCSE(tiny_encoder, **{**cfg.objective, "aux_from": None})  # no hub here: the tiny model
     assert isinstance(obj.mlp[1], torch.nn.BatchNorm1d) and obj.stage1["steps"] == 0
     obj.prepare(TEXTS, CPU)
     obj.train()

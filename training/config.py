@@ -101,7 +101,7 @@ PRESETS["paper-official"] = {
     "infocse": dict(base_model="Luyu/condenser", train_data=WIKI1M, batch_size=64, lr=7e-6, epochs=2,
                     precision="fp16", eval_every=125,
                     objective={"pooling": "cls", "projection": "bn_mlp", "stage1_steps": 0,
-                               "aux_lower_dropout": False}),
+                               "aux_from": "Luyu/condenser", "aux_lower_dropout": False}),
 }
 
 

@@ -31,7 +31,8 @@ Choices where the paper is silent (each a keyword):
 - tap_layer: the paper taps layer 6 of 12; other depths tap num_layers // 2 (3 for MiniLM-L6).
 - extra_layers_init "random": Condenser initialises its head layers afresh; "top" copies the
   encoder's top layers (what Table 4's "w/o pre-training" ablation uses, with stage1_steps=0).
-- Starting from a Condenser checkpoint (`aux_from`, default: where the encoder was loaded from):
+- Starting from a Condenser checkpoint (`aux_from`, default: where the encoder was loaded from;
+  named explicitly, it must hold one and a hub name's model.pt is downloaded):
   Condenser's pre-training *is* stage 1 (Eq. 4–6), and the official stage-2 script starts from
   Luyu/condenser. When that directory holds Condenser's `model.pt`, its "c_head.*" layers become the
   extra layers (replacing extra_layers_init) and its "cls.predictions.*" the MLM head; stage 1 then
@@ -86,6 +87,7 @@ from training.distributed import is_distributed
 from training.encoder import SentenceEncoder, pool
 from training.objectives.base import Objective
 from training.objectives.infocse_aux import (
+    CONDENSER_FILE,
     ExtraLayers,
     MLMHead,
     find_condenser_head_state,
@@ -193,7 +195,9 @@ class InfoCSE(Objective):
             self.mlm_head.load_state_dict(state, strict=False)  # W stays tied to the embeddings
         self.mlm_head_source = str(source) if state is not None else "fresh"
         condenser_source = aux_from or source
-        condenser = find_condenser_head_state(condenser_source)
+        condenser = find_condenser_head_state(condenser_source, download=aux_from is not None)
+        if condenser is None and aux_from is not None:  # named on purpose: random layers would be a silent miss
+            raise FileNotFoundError(f"no Condenser head ({CONDENSER_FILE} with c_head.* tensors) in {aux_from}")
         if condenser is not None:
             self.extra_layers.load_condenser(condenser)
         self.aux_source = str(condenser_source) if condenser is not None else extra_layers_init

@@ -133,24 +133,29 @@ CONDENSER_FILE = "model.pt"
 CONDENSER_PREFIX = "c_head."
 
 
-def find_condenser_head_state(model_dir: str | Path | None) -> dict[str, torch.Tensor] | None:
+def find_condenser_head_state(model_dir: str | Path | None, download: bool = False) -> dict[str, torch.Tensor] | None:
     """Condenser's extra layers from `<model_dir>/model.pt`, renamed to ExtraLayers' keys
     ("c_head.0.attention..." → "layers.0.attention..."); None when there is no such file or it holds
-    no "c_head.*" tensors. `model_dir` is a directory or a hub name already in the local cache."""
-    d = _local_dir(model_dir)
-    if d is None:
+    no "c_head.*" tensors. `model_dir` is a directory or a hub name: its cached model.pt, or with
+    `download` the hub's (loading the encoder by hub name never fetches model.pt)."""
+    if model_dir is None or str(model_dir) == "":
+        return None
+    f = Path(model_dir) / CONDENSER_FILE
+    if not Path(model_dir).is_dir():
         try:
             from transformers.utils import cached_file
 
             found = cached_file(
-                str(model_dir), CONDENSER_FILE, local_files_only=True, _raise_exceptions_for_missing_entries=False
+                str(model_dir),
+                CONDENSER_FILE,
+                local_files_only=not download,
+                _raise_exceptions_for_missing_entries=False,
             )
-        except Exception:  # not a hub name, or not cached
+        except Exception:  # not a hub name, not cached, or offline
             return None
         if not found:
             return None
-        d = Path(found).parent
-    f = d / CONDENSER_FILE
+        f = Path(found)
     if not f.is_file():
         return None
     state = torch.load(f, map_location="cpu", weights_only=True)
