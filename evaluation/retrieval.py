@@ -79,7 +79,7 @@ def search_in_process(embedder: Embedder, data: beir.BeirSet, depth: int = 100) 
 def index_corpus(client: HttpClient, data: beir.BeirSet, keep_index: bool = False) -> None:
     """Load the corpus into the service's index, in chunks it accepts."""
     if not keep_index:
-        client.request("DELETE", "/index", params={"confirm": "true"})
+        client.request("DELETE", "/index?confirm=true")
     documents = [{"id": d, "text": beir.BeirSet.document_text(doc)[:MAX_TEXT_CHARS],
                   "metadata": {"title": doc.get("title") or ""}} for d, doc in data.corpus.items()]
     for part in client.chunks(documents):
