@@ -71,8 +71,9 @@ def test_resume_continues_a_run(tiny_model_dir, shared_data, tmp_path):
     run_dir = tmp_path / "runs" / "r"
     first = train(make_config("cosent", "quick", max_steps=10, **common), run_dir, log=lambda *_: None)
     assert first.steps == 10
-    resumed = train(make_config("cosent", "quick", max_steps=15, resume=run_dir, **common), run_dir,
-                    log=lambda *_: None)
+    # a longer run is a changed config (it stretches the LR schedule): allowed explicitly
+    resumed = train(make_config("cosent", "quick", max_steps=15, resume=run_dir, allow_config_change=True, **common),
+                    run_dir, log=lambda *_: None)
     assert resumed.steps == 15 and resumed.initial_dev == first.initial_dev
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 16))  # steps 11–15 appended, none redone

@@ -44,6 +44,7 @@ class TrainConfig:
     runs_dir: Path = Path("runs")
     models_dir: Path = Path("models")
     resume: Path | None = None  # a run directory whose checkpoint to continue from
+    allow_config_change: bool = False  # resume even if settings differ from the checkpoint's
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

@@ -97,15 +97,22 @@ class SentenceEncoder(nn.Module):
 
         Pooling and max length follow the model's own sentence-transformers config when it has one;
         a plain HF checkpoint falls back to mean pooling and min(256, model limit).
+        `attn_implementation`: training asks for "sdpa" (fused attention; eager where the architecture
+        lacks it); the default stays "eager", which the ONNX export traces.
         """
         st_pooling, st_max_len = (None, None)
         if Path(name_or_path).is_dir():
             st_pooling, st_max_len = read_st_config(name_or_path)
         config = AutoConfig.from_pretrained(name_or_path)
         extra = {"add_pooling_layer": False} if config.model_type in ("bert", "roberta") else {}
-        transformer = AutoModel.from_pretrained(
-            name_or_path, config=config, attn_implementation=attn_implementation, **extra
-        )
+        try:
+            transformer = AutoModel.from_pretrained(
+                name_or_path, config=config, attn_implementation=attn_implementation, **extra
+            )
+        except ValueError:  # an architecture without SDPA support: the eager attention it has
+            if attn_implementation != "sdpa":
+                raise
+            transformer = AutoModel.from_pretrained(name_or_path, config=config, attn_implementation="eager", **extra)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
         limit = getattr(config, "max_position_embeddings", 512)
         if config.model_type == "roberta":

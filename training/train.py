@@ -2,9 +2,12 @@
 
     python -m training.train --method cosent [--preset quick] [--base DIR|name] [--data-dir DIR]
                              [--set key=value ...] [--objective key=value ...]
+    python -m training.train --method cosent --resume runs/<run> [--allow-config-change ...]
 
 `make train-export METHOD=...` runs this. The export goes to models/<method>-<timestamp>/ with the
 training config and dev score in its manifest (ONNX/torch parity checked, as every export).
+A resume continues the run exactly with the run's own config (runs/<run>/config.json); options given
+with it are changes, which training refuses unless --allow-config-change.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import ast
 import dataclasses
 import datetime as dt
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from training.default_model import model_label
 from training.encoder import SentenceEncoder
 from training.export import export_onnx
 from training.objectives import METHODS
+from training.resume import config_from_json
 
 
 def _parse_assignments(items: list[str]) -> dict:
@@ -40,13 +45,15 @@ def _parse_assignments(items: list[str]) -> dict:
 def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", required=True, choices=METHODS)
-    parser.add_argument("--preset", default="quick", choices=sorted(PRESETS))
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="default: quick (on --resume: the run's)")
     parser.add_argument("--base", dest="base_model", help="base model: HF/sentence-transformers dir or hub "
                         "name (default: the preset's; quick = the embedded all-MiniLM-L6-v2)")
     parser.add_argument("--data-dir", type=Path, help="folder holding the training/dev data sources")
     parser.add_argument("--train-data", help="training source, see training.data.load_examples")
     parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--resume", type=Path, help="run directory to resume from")
+    parser.add_argument("--resume", type=Path, help="run directory to resume from, with its config")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume even though the options given change the run's config")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help=f"any TrainConfig field: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
     parser.add_argument("--objective", nargs="*", default=[], metavar="KEY=VALUE",
@@ -56,10 +63,22 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     for name in ("base_model", "data_dir", "train_data", "max_steps", "resume"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
+    if args.allow_config_change:
+        overrides["allow_config_change"] = True
     for name in ("data_dir", "runs_dir", "models_dir", "resume"):
         if isinstance(overrides.get(name), str):
             overrides[name] = Path(overrides[name])
-    return make_config(args.method, args.preset, objective=_parse_assignments(args.objective), **overrides)
+    objective = _parse_assignments(args.objective)
+    if args.resume is None:
+        return make_config(args.method, args.preset or "quick", objective=objective, **overrides)
+    saved = config_from_json(TrainConfig, json.loads((args.resume / "config.json").read_text()))
+    if args.method != saved.method or args.preset not in (None, saved.preset):
+        raise SystemExit(f"{args.resume} is a {saved.method} run with preset {saved.preset}")
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise SystemExit(f"unknown setting(s) {sorted(unknown)}")
+    saved = dataclasses.replace(saved, resume=None, allow_config_change=False)  # this session's, not the run's
+    return dataclasses.replace(saved, objective={**saved.objective, **objective}, **overrides)
 
 
 def train_and_export(cfg: TrainConfig, log=print) -> Path | None:

@@ -3,6 +3,11 @@
 It only calls the Objective contract (training/objectives/base.py). Around it: seeds, device and
 mixed precision, gradient accumulation, torchrun/DDP, periodic dev evaluation keeping the best
 checkpoint, a resumable `checkpoint.pt`, `metrics.jsonl`, and a loss / dev-Spearman plot.
+
+Resume is exact (training/resume.py): each epoch's batch order is a function of (seed, epoch), the
+checkpoint records how many batches of the epoch were consumed, and a resumed run replays those
+batches' collate (without training on them) before restoring every RNG, so collate-time randomness
+in DataLoader workers lines up as well.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
 from training.config import TrainConfig
@@ -29,6 +34,15 @@ from training.default_model import model_label, resolve_model
 from training.encoder import SentenceEncoder
 from training.objectives import get_objective
 from training.optim import build_optimizer
+from training.resume import (
+    CHECKPOINT,
+    all_rng_states,
+    config_changes,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+    truncate_metrics,
+)
 from training.sampling import make_batch_sampler
 
 
@@ -63,10 +77,14 @@ def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if device.type != "cuda" or precision == "fp32":
+    """auto: bf16 on a GPU that has it, else fp16 (the papers' mixed precision); fp32 on a CPU.
+    An explicit bf16 / fp16 is honoured on a CPU too (CPU autocast), which is how tests reach fp16."""
+    if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
         return None
     if precision == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"unknown precision {precision!r}; choose from auto, fp32, bf16, fp16")
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
@@ -105,15 +123,23 @@ def _setup_distributed() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
+def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None) -> TrainResult:
+    """`stop_at`: end this session after that step with a checkpoint, as a pre-empted job would."""
     rank, world, device = _setup_distributed()
     main = rank == 0
     seed_everything(cfg.seed + rank)
+    state = load_checkpoint(cfg.resume / CHECKPOINT) if cfg.resume else None
+    changes = config_changes(state["config"], cfg.to_json()) if state else []
+    if changes and not cfg.allow_config_change:
+        raise ValueError(f"{cfg.resume} was trained with another config; set allow_config_change (CLI "
+                         f"--allow-config-change) to resume anyway. Changed: {'; '.join(changes)}")
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2))
+        if state is None or changes:  # a resume keeps the run's config unless a change was allowed
+            (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=2))
 
-    encoder = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length)
+    encoder = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length,
+                                              attn_implementation="sdpa")
     encoder.base_model = model_label(cfg.base_model)
     objective = get_objective(cfg.method)(encoder, **cfg.objective)
     examples = load_examples(objective.data_kind, cfg.train_data, cfg.data_dir, limit=cfg.train_limit)
@@ -123,18 +149,23 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
         f"base {encoder.base_model}, device {device}, world {world}")
 
     objective.to(device)
+    if state is not None:  # before prepare(): work saved in the state (InfoCSE's stage 1) is not redone
+        objective.load_checkpoint_state_dict(state["objective"])
     objective.prepare(examples, device)
 
     batch_sampler = make_batch_sampler(objective.batch_sampler, examples, cfg.batch_size, seed=cfg.seed,
                                        num_replicas=world, rank=rank)
+    # Worker seeds come from this generator, reseeded each epoch, so they do not depend on the global RNG.
+    loader_rng = torch.Generator()
     if batch_sampler is not None:
         loader = DataLoader(examples, batch_sampler=batch_sampler, collate_fn=objective.collate,
-                            num_workers=cfg.num_workers)
+                            num_workers=cfg.num_workers, generator=loader_rng)
     else:
-        sampler = (DistributedSampler(examples, world, rank, shuffle=True, seed=cfg.seed) if world > 1
-                   else RandomSampler(examples, generator=torch.Generator().manual_seed(cfg.seed)))
+        # One replica is a plain shuffle whose order is a function of (seed, epoch): resumable mid-epoch.
+        sampler = DistributedSampler(examples, world, rank, shuffle=True, seed=cfg.seed)
         loader = DataLoader(examples, batch_size=cfg.batch_size, sampler=sampler, collate_fn=objective.collate,
-                            num_workers=cfg.num_workers, drop_last=len(examples) >= 2 * cfg.batch_size)
+                            num_workers=cfg.num_workers, drop_last=len(examples) >= 2 * cfg.batch_size,
+                            generator=loader_rng)
 
     steps_per_epoch = max(1, len(loader) // cfg.grad_accum)
     total_steps = math.ceil(cfg.epochs * steps_per_epoch)
@@ -148,25 +179,43 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
     warmup = int(cfg.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.schedule, warmup, total_steps))
     amp_dtype = _autocast_dtype(cfg.precision, device)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     model = objective
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
 
     step, best_dev, best_step, epoch = 0, -math.inf, 0, 0
-    best_dir, ckpt = run_dir / "best", run_dir / "checkpoint.pt"
+    micro, seen = 0, 0  # micro-batches in all; batches of this epoch consumed
+    best_dir, ckpt = run_dir / "best", run_dir / CHECKPOINT
     metrics_path = run_dir / "metrics.jsonl"
-    resume_from = (cfg.resume / "checkpoint.pt") if cfg.resume else None
-    if resume_from is not None:
-        state = torch.load(resume_from, map_location=device, weights_only=False)
-        objective.load_checkpoint_state_dict(state["objective"])
+    rng_to_restore = None
+    if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
         step, best_dev, best_step, epoch = state["step"], state["best_dev"], state["best_step"], state["epoch"]
-        initial_dev = state["initial_dev"]
-        torch.set_rng_state(state["rng"])
-        log(f"[train] resumed from {resume_from} at step {step}")
+        micro, seen, initial_dev = state["micro"], state["batches_in_epoch"], state["initial_dev"]
+        if seen >= len(loader):
+            epoch, seen = epoch + 1, 0
+        rngs = state["rng"]
+        rng_to_restore = rngs[rank] if rank < len(rngs) else None  # another world size: fresh streams
+        if main:
+            truncate_metrics(metrics_path, step)
+            if changes:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"step": step, "config_changes": changes}) + "\n")
+        log(f"[train] resumed from {cfg.resume / CHECKPOINT} at step {step} (epoch {epoch}, batch {seen})"
+            + (f"; config changes allowed: {'; '.join(changes)}" if changes else ""))
+
+    def save() -> None:
+        rngs = all_rng_states()  # a collective under DDP: every rank calls save() at the same steps
+        if main:
+            save_checkpoint({"objective": objective.checkpoint_state_dict(), "optimizer": optimizer.state_dict(),
+                             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+                             "step": step, "epoch": epoch, "batches_in_epoch": seen, "micro": micro,
+                             "best_dev": best_dev, "best_step": best_step, "initial_dev": initial_dev,
+                             "rng": rngs, "config": cfg.to_json()}, ckpt)
 
     def record(entry: dict[str, Any]) -> None:
         if main:
@@ -183,19 +232,26 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
         return dev
 
     start = time.perf_counter()
-    if resume_from is None:
+    if state is None:
         metrics_path.unlink(missing_ok=True)
         initial_dev = evaluate() if main else float("nan")
         log(f"[train] step 0 STS-B dev {initial_dev:.2f}")
 
     bar = tqdm(total=total_steps, initial=step, disable=not main, desc=cfg.method, dynamic_ncols=True)
     objective.train()
-    micro = 0
     while step < total_steps:
         for s in (batch_sampler, getattr(loader, "sampler", None)):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
-        for batch in loader:
+        loader_rng.manual_seed(cfg.seed * 1_000_003 + epoch)
+        batches = iter(loader)
+        for _ in range(seen):  # on resume: the batches this epoch already trained on
+            next(batches)
+        if rng_to_restore is not None:
+            set_rng_state(rng_to_restore)
+            rng_to_restore = None
+        for batch in batches:
+            seen += 1
             batch = _to_device(batch, device)
             sync = (micro + 1) % cfg.grad_accum == 0
             ctx = model.no_sync() if world > 1 and not sync else contextlib.nullcontext()
@@ -219,16 +275,18 @@ def train(cfg: TrainConfig, run_dir: Path, log=print) -> TrainResult:
             record(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{entry['loss']:.3g}", best=f"{best_dev:.2f}")
-            if main and (step % eval_steps == 0 or step == total_steps):
-                evaluate()
-                objective.train()
-                torch.save({"objective": objective.checkpoint_state_dict(), "optimizer": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
-                            "best_dev": best_dev, "best_step": best_step, "initial_dev": initial_dev,
-                            "rng": torch.get_rng_state()}, ckpt)
-            if step >= total_steps:
+            if step % eval_steps == 0 or step == total_steps:
+                if main:
+                    evaluate()
+                    objective.train()
+                save()
+            elif step == stop_at:
+                save()
+            if step >= total_steps or step == stop_at:
                 break
-        epoch += 1
+        if step == stop_at:
+            break
+        epoch, seen = epoch + 1, 0
     bar.close()
     seconds = time.perf_counter() - start
     if main:

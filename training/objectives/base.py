@@ -27,7 +27,10 @@ class Objective(nn.Module):
         self.encoder = encoder
 
     def prepare(self, examples: list, device: torch.device) -> None:
-        """Once before training, with every training example (CLSR caches frozen embeddings here)."""
+        """Once before training, with every training example (CLSR caches frozen embeddings here).
+
+        On resume it runs after load_checkpoint_state_dict(): what that state holds
+        (InfoCSE's stage-1 result) need not be computed again."""
 
     def collate(self, examples: list) -> dict[str, Any]:
         """Raw examples of `data_kind` → a batch of CPU tensors (runs in DataLoader workers)."""

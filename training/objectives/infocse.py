@@ -67,8 +67,9 @@ Choices where the paper is silent (each a keyword):
 - Official stage-2 recipe (infocse-bert-base.sh; the paper's §4.2 text says lr 3e-5, one epoch):
   start from Luyu/condenser, lr 7e-6, 2 epochs, batch 64, fp16, bn_mlp, --mlm_eval, λ 1e-5, mask
   rate 0.4, evaluation every 125 steps: training/config.py's preset "paper-official".
-The training loop knows nothing of stages; after a resume, prepare() runs stage 1 again before the
-checkpoint overwrites every weight (wasted time, same result).
+The training loop knows nothing of stages. A stage-2 state_dict holds the frozen lower copy
+(`aux_lower.*`): loading one builds stage 2's structure, so the prepare() that follows a resume
+finds stage 1 done and skips it.
 """
 
 from __future__ import annotations
@@ -315,13 +316,23 @@ class InfoCSE(Objective):
         """Run stage 1 on `examples` (keyword overrides of the stage1_* settings, without the prefix,
         are for tests), then give the auxiliary network its frozen lower copy and its own W."""
         if self.aux_lower is not None:
-            return  # stage 2 is already set up (prepare called twice)
+            return  # stage 2 is already set up (a resumed stage-2 state, or prepare called twice)
         cfg = {**self.stage1, **overrides}
         device = torch.device(device)
         self._pretrain_aux(list(examples), device, cfg)
-        self.aux_lower = frozen_lower_copy(self.encoder.transformer, self.tap_layer).to(device)
+        self._enter_stage2()
+
+    def _enter_stage2(self) -> None:
+        """The split after stage 1: the frozen lower copy, and W untied from the encoder's embeddings."""
+        self.aux_lower = frozen_lower_copy(self.encoder.transformer, self.tap_layer).to(self.encoder.device)
         self.train(self.training)  # puts the new copy in the mode it should have
         self.mlm_head.untie()
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        # A checkpoint taken in stage 2 (a resume): give this module stage 2's shape before loading.
+        if self.aux_lower is None and any(k.startswith("aux_lower.") for k in state_dict):
+            self._enter_stage2()
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def train(self, mode: bool = True) -> InfoCSE:
         super().train(mode)

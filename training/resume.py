@@ -1,0 +1,105 @@
+"""What an exact resume needs beside the weights: every RNG, the run's config, atomic writes.
+
+A checkpoint (`checkpoint.pt`, written by the trainer) holds the objective, optimiser, scheduler and
+GradScaler states, the step, the DataLoader position (epoch + batches consumed in it), the config
+and the RNG states of every rank. It is loaded onto the CPU whatever the training device:
+`torch.set_rng_state` takes only a CPU ByteTensor, and the states load into modules on any device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+CHECKPOINT = "checkpoint.pt"
+# Fields that say how to run this session, not what is trained: they may differ on resume.
+SESSION_FIELDS = frozenset({"resume", "allow_config_change"})
+
+
+def atomic_write(path: Path, write) -> None:
+    """`write(tmp_path)`, fsync, then rename over `path`: a crash leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(state: dict[str, Any], path: Path) -> None:
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    # numpy's and python's RNG states are plain tuples / arrays, hence weights_only=False.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def all_rng_states() -> list[dict[str, Any]]:
+    """This process's RNG states, or every rank's (indexed by rank) under torch.distributed."""
+    mine = rng_state()
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [mine]
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'field: old → new' for each setting (objective keywords as objective.<name>) that differs."""
+
+    def flat(cfg: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in cfg.items() if k != "objective" and k not in SESSION_FIELDS}
+        out.update({f"objective.{k}": v for k, v in (cfg.get("objective") or {}).items()})
+        return out
+
+    old, new = flat(saved), flat(current)
+    missing = object()
+    return [f"{k}: {old.get(k, '(unset)')!r} → {new.get(k, '(unset)')!r}"
+            for k in sorted(old.keys() | new.keys()) if old.get(k, missing) != new.get(k, missing)]
+
+
+def config_from_json(cls, values: dict[str, Any]):
+    """A config dataclass back from its `to_json()`: fields typed Path get Paths again."""
+    paths = {f.name for f in dataclasses.fields(cls) if "Path" in str(f.type)}
+    return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in values.items()})
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the rows a crashed run logged after its last checkpoint: the resumed run redoes those steps."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(rows):
+        atomic_write(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))
