@@ -243,7 +243,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
         for s in (batch_sampler, getattr(loader, "sampler", None)):
             if hasattr(s, "set_epoch"):
                 s.set_epoch(epoch)
-        loader_rng.manual_seed(cfg.seed * 1_000_003 + epoch)
+        loader_rng.manual_seed((cfg.seed + rank) * 1_000_003 + epoch)
         batches = iter(loader)
         for _ in range(seen):  # on resume: the batches this epoch already trained on
             next(batches)
