@@ -129,6 +129,8 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
     main = rank == 0
     seed_everything(cfg.seed + rank)
     state = load_checkpoint(cfg.resume / CHECKPOINT) if cfg.resume else None
+    if state is not None and "config" not in state:
+        raise ValueError(f"{cfg.resume / CHECKPOINT} predates exact resume (no config, RNG or data position)")
     changes = config_changes(state["config"], cfg.to_json()) if state else []
     if changes and not cfg.allow_config_change:
         raise ValueError(f"{cfg.resume} was trained with another config; set allow_config_change (CLI "
