@@ -251,7 +251,9 @@ def test_training_evaluates_per_epoch_with_lars_and_checkpoints_the_head(tiny_mo
     assert len(decay["params"]) == 3 and len(no_decay["params"]) == 3  # e's and h's weights / biases
     assert (run / "best").is_dir()  # the exported model still holds the frozen encoder and e
 
-    resumed = train(make_config("clsr", "paper", epochs=4, resume=run, **common), run, log=lambda *_: None)
+    # more epochs is a changed config (the cosine schedule stretches): allowed explicitly
+    resumed = train(make_config("clsr", "paper", epochs=4, resume=run, allow_config_change=True, **common), run,
+                    log=lambda *_: None)
     assert resumed.steps == 20
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "dev_spearman" in r] == [0, 5, 10, 15, 20]
