@@ -48,7 +48,7 @@ def test_retrieval_through_the_service_index(live_service, in_process, tmp_path)
     httpx.post(f"{live_service.url}/index/documents", json={"documents": [{"id": "stray", "text": "A guitar."}]})
     over_http = search_service(live_service.url, data, depth=4)
     local = search_in_process(in_process, data, depth=4)
-    assert len(live_service.app.state.index) == len(data.corpus)
+    assert live_service.app.state.index.info("default").count == len(data.corpus)
     assert "q1" not in over_http["q1"]  # a query that is also a document does not find itself
     for q in data.queries:
         assert "stray" not in over_http[q]
@@ -60,7 +60,7 @@ def test_retrieval_through_the_service_index(live_service, in_process, tmp_path)
     httpx.post(f"{live_service.url}/index/documents", json={"documents": [{"id": "stray", "text": "A guitar."}]})
     out = tmp_path / "r.json"
     assert main(["--url", live_service.url, "--data", str(TINY), "--keep-index", "--out", str(out)]) == 0
-    assert len(live_service.app.state.index) == len(data.corpus) + 1
+    assert live_service.app.state.index.info("default").count == len(data.corpus) + 1
     record = json.loads(out.read_text())
     assert record["label"] == f"{in_process.name} (service)" and record["documents"] == 6
     assert record["protocol"]["ignore_identical_ids"] is True
