@@ -27,8 +27,10 @@ class TrainConfig:
     max_seq_length: int | None = None
     epochs: float = 1.0
     max_steps: int | None = None  # stops earlier than `epochs` when set
-    batch_size: int = 64  # per device, per step
-    grad_accum: int = 1
+    # Per device, per step: the in-batch negatives (and the effective batch) are batch_size × GPUs.
+    # lr is never scaled: to run a paper's batch B on N GPUs, set batch_size = B / N and keep its lr.
+    batch_size: int = 64
+    grad_accum: int = 1  # only for objectives without in-batch terms (every METHOD has them): refused
     lr: float = 3e-5
     optimizer: str = "adamw"  # adamw | sgd | lars (training/optim.py; no decay on biases and norms)
     weight_decay: float = 0.0
@@ -44,6 +46,18 @@ class TrainConfig:
     runs_dir: Path = Path("runs")
     models_dir: Path = Path("models")
     resume: Path | None = None  # a run directory whose checkpoint to continue from
+
+    def __post_init__(self) -> None:
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.grad_accum > 1:
+            from training.objectives import get_objective
+
+            if get_objective(self.method).in_batch:
+                raise ValueError(
+                    f"grad_accum={self.grad_accum} with {self.method!r}: its loss uses in-batch negatives, which "
+                    f"accumulation would shrink to the micro-batch of {self.batch_size}; raise batch_size or "
+                    "train on more GPUs (the negatives are gathered across them) instead")
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

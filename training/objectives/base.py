@@ -21,6 +21,9 @@ class Objective(nn.Module):
     data_kind: ClassVar[str]
     #: a training.sampling.SAMPLERS name, or None for a plain shuffle (CoSENT needs mixed labels)
     batch_sampler: ClassVar[str | None] = None
+    #: the loss compares the examples of a batch with each other (in-batch negatives, ranking), so
+    #: gradient accumulation over micro-batches would silently shrink it (training/config.py refuses)
+    in_batch: ClassVar[bool] = True
 
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
