@@ -15,11 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils.data import DataLoader
 
 from training.config import make_config
 from training.data import PairExample, ScoredPair
 from training.objectives import METHODS, get_objective
-from training.sampling import MixedLabelBatchSampler
+from training.sampling import MixedLabelBatchSampler, make_batch_sampler
 
 WORLD = 2
 TEXTS = [
@@ -119,6 +120,16 @@ def _grad_worker(rank: int, init_file: str, model_dir: str, work: str) -> None:
             ddp(_shard(method, batch, rank, WORLD, len(TEXTS)))["loss"].backward()
             if rank == 0:
                 torch.save(_grads(obj), Path(work) / f"{method}-grads-ddp.pt")
+        # CoSENT with the label-mixing sampler over an epoch whose batches need repairs (1 off-label item)
+        obj = _build("cosent", Path(model_dir))
+        examples = [ScoredPair(t, t.lower(), 1.0 if i == 0 else 0.0) for i, t in enumerate(TEXTS * 3)][:21]
+        sampler = make_batch_sampler("mixed_labels", examples, 4, seed=0, num_replicas=WORLD, rank=rank)
+        ddp = torch.nn.parallel.DistributedDataParallel(obj, find_unused_parameters=True)
+        sizes = []
+        for batch in DataLoader(examples, batch_sampler=sampler, collate_fn=obj.collate):
+            ddp(batch)["loss"].backward()
+            sizes.append(len(batch["labels"]))
+        (Path(work) / f"mixed-{rank}.json").write_text(json.dumps(sizes))
     finally:
         dist.destroy_process_group()
 
@@ -154,12 +165,13 @@ def two_process_grads(nodrop_model_dir, tmp_path_factory):
         obj(batch)["loss"].backward()
         reference[method] = _grads(obj)
     _spawn(_grad_worker, (str(work / "init"), str(nodrop_model_dir), str(work)))
-    return {m: (reference[m], torch.load(work / f"{m}-grads-ddp.pt")) for m in METHODS}
+    grads = {m: (reference[m], torch.load(work / f"{m}-grads-ddp.pt")) for m in METHODS}
+    return grads, [json.loads((work / f"mixed-{r}.json").read_text()) for r in range(WORLD)]
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_two_process_gradient_equals_the_global_batch_gradient(two_process_grads, method):
-    reference, ddp = two_process_grads[method]
+    reference, ddp = two_process_grads[0][method]
     assert reference, "no parameter got a gradient"
     # Some gradients are zero in exact arithmetic (attention key biases): measure those against
     # the whole gradient's size, not their own rounding noise.
@@ -189,6 +201,11 @@ def test_mixed_label_sampler_gives_every_rank_equal_batches():
             assert all(len(set(labels[i] for i in b)) == 2 for s in samplers for b in s)
 
 
+def test_cosent_with_mixed_label_batches_runs_an_epoch_on_two_processes(two_process_grads):
+    sizes = two_process_grads[1]
+    assert sizes[0] == sizes[1] == [4] * 2  # 21 examples: 5 full global batches, 2 per rank
+
+
 def test_cosent_defaults_to_plain_shuffled_batches(tiny_encoder):
     from training.objectives.cosent import CoSENT
 
@@ -204,20 +221,22 @@ def _train_worker(rank: int, init_file: str, model_dir: str, data_dir: str, out:
     from training.trainer import train
 
     try:
-        for name, objective in (("plain", {}), ("mixed", {"batch_sampler": "mixed_labels"})):
+        for name, objective, cache in (("plain", {}, None), ("mixed", {"batch_sampler": "mixed_labels"}, None),
+                                       ("cached", {}, 3)):
             # 50 pairs in batches of 8: the label-mixing sampler's last global batch is short
             cfg = make_config("cosent", "quick", base_model=model_dir, data_dir=Path(data_dir), train_limit=50,
                               batch_size=8, epochs=3, max_steps=5, eval_every=1000, max_seq_length=24,
-                              warmup_ratio=0.0, objective=objective)
+                              warmup_ratio=0.0, objective=objective, grad_cache=cache)
             result = train(cfg, Path(out) / f"{name}-run", log=lambda *_: None)
             (Path(out) / f"{name}-{rank}.json").write_text(json.dumps({"steps": result.steps}))
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # three short trainer runs (with STS-B dev evaluations) on 2 processes: minutes on a busy CPU
 def test_cosent_trains_on_two_processes(tiny_model_dir, shared_data, tmp_path):
     _spawn(_train_worker, (str(tmp_path / "init"), str(tiny_model_dir), str(shared_data), str(tmp_path)))
-    for name in ("plain", "mixed"):
+    for name in ("plain", "mixed", "cached"):
         assert [json.loads((tmp_path / f"{name}-{r}.json").read_text())["steps"] for r in range(WORLD)] == [5, 5]
         rows = [json.loads(line) for line in (tmp_path / f"{name}-run" / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in rows if "loss" in r]
@@ -232,3 +251,57 @@ def test_gradient_accumulation_is_refused_for_in_batch_objectives(method):
     with pytest.raises(ValueError, match="in-batch"):
         make_config(method, "quick", grad_accum=2)
     assert make_config(method, "quick", grad_accum=1).grad_accum == 1
+
+
+def test_grad_cache_is_refused_where_unsupported():
+    assert make_config("simcse", "quick", grad_cache=16).grad_cache == 16
+    with pytest.raises(ValueError, match="GradCache"):
+        make_config("conisi", "quick", grad_cache=16)
+    with pytest.raises(ValueError, match="grad_cache=<mini-batch>"):
+        make_config("cosent", "quick", grad_accum=4)
+
+
+# --- GradCache --------------------------------------------------------------------------------------
+
+GRAD_CACHE_METHODS = ("simcse", "cosent")
+
+
+@pytest.mark.parametrize("method", GRAD_CACHE_METHODS)
+def test_grad_cache_equals_the_full_batch_gradient(method, nodrop_model_dir):
+    from training.gradcache import cached_step
+
+    obj = _build(method, nodrop_model_dir)
+    batch = obj.collate(_examples(method))
+    out = obj(batch)
+    out["loss"].backward()
+    full = _grads(obj)
+    obj.zero_grad(set_to_none=True)
+    cached = cached_step(obj, batch, micro_batch=3)  # 8 examples: mini-batches of 3, 3, 2
+    assert cached["loss"].item() == pytest.approx(out["loss"].item(), rel=1e-12)
+    got = _grads(obj)
+    assert set(got) == set(full)
+    for name, g in full.items():
+        assert torch.allclose(got[name], g, rtol=1e-9, atol=1e-12), name
+
+
+@pytest.mark.parametrize("method", GRAD_CACHE_METHODS)
+def test_grad_cache_replays_the_dropout_masks(method, tiny_model_dir):
+    """With dropout on, the re-embedding must see the masks of the cached pass: the gradient equals
+    that of the same mini-batch forwards kept in one graph."""
+    from training.gradcache import _regroup, cached_step, take_rows
+
+    obj = _build(method, tiny_model_dir)
+    batch = obj.collate(_examples(method))
+    bounds = [(0, 3), (3, 6), (6, 8)]
+    with torch.no_grad():
+        assert not torch.equal(obj.embed(batch), obj.embed(batch))  # dropout is on
+    torch.manual_seed(5)
+    parts = [obj.embed(take_rows(batch, obj.row_groups, a, b)) for a, b in bounds]
+    obj.loss_from_embedded(_regroup(parts, obj.embed_groups), batch)["loss"].backward()
+    want = _grads(obj)
+    obj.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    cached_step(obj, batch, micro_batch=3)
+    got = _grads(obj)
+    for name, g in want.items():
+        assert torch.allclose(got[name], g, rtol=1e-9, atol=1e-12), name

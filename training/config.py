@@ -31,6 +31,9 @@ class TrainConfig:
     # lr is never scaled: to run a paper's batch B on N GPUs, set batch_size = B / N and keep its lr.
     batch_size: int = 64
     grad_accum: int = 1  # only for objectives without in-batch terms (every METHOD has them): refused
+    # GradCache mini-batch (training/gradcache.py): the full batch_size's loss and gradient with the
+    # encoder's activations of only this many examples at a time (simcse, cosent); None: off
+    grad_cache: int | None = None
     lr: float = 3e-5
     optimizer: str = "adamw"  # adamw | sgd | lars (training/optim.py; no decay on biases and norms)
     weight_decay: float = 0.0
@@ -50,14 +53,20 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
-        if self.grad_accum > 1:
+        if self.grad_cache is not None and self.grad_cache < 1:
+            raise ValueError(f"grad_cache must be >= 1 or None, got {self.grad_cache}")
+        if self.grad_accum > 1 or self.grad_cache:
             from training.objectives import get_objective
 
-            if get_objective(self.method).in_batch:
+            objective = get_objective(self.method)
+            cache = "set grad_cache=<mini-batch> with the whole batch_size, " if objective.row_groups else ""
+            if self.grad_accum > 1 and objective.in_batch:
                 raise ValueError(
                     f"grad_accum={self.grad_accum} with {self.method!r}: its loss uses in-batch negatives, which "
-                    f"accumulation would shrink to the micro-batch of {self.batch_size}; raise batch_size or "
-                    "train on more GPUs (the negatives are gathered across them) instead")
+                    f"accumulation would shrink to the micro-batch of {self.batch_size}; {cache}raise "
+                    "batch_size or train on more GPUs (the negatives are gathered across them) instead")
+            if self.grad_cache and objective.row_groups is None:
+                raise ValueError(f"grad_cache: {self.method!r} does not support GradCache")
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

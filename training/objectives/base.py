@@ -24,6 +24,9 @@ class Objective(nn.Module):
     #: the loss compares the examples of a batch with each other (in-batch negatives, ranking), so
     #: gradient accumulation over micro-batches would silently shrink it (training/config.py refuses)
     in_batch: ClassVar[bool] = True
+    #: GradCache support (training/gradcache.py): how collate stacks the N examples per key, and
+    #: `embed` / `loss_from_embedded` methods; None: not supported
+    row_groups: ClassVar[dict[str, int] | None] = None
 
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()

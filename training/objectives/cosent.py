@@ -75,6 +75,9 @@ class CoSENT(Objective):
 
     name: ClassVar[str] = "cosent"
     data_kind: ClassVar[str] = "scored"
+    #: GradCache layout (training/gradcache.py): [sentence1; sentence2] features and embeddings
+    row_groups: ClassVar[dict[str, int]] = {"features": 2, "labels": 1}
+    embed_groups: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -99,8 +102,13 @@ class CoSENT(Objective):
             "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
         }
 
+    def embed(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.encoder(**batch["features"])
+
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        emb = self.encoder(**batch["features"])
+        return self.loss_from_embedded(self.embed(batch), batch)
+
+    def loss_from_embedded(self, emb: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         n = batch["labels"].shape[0]
         cos = F.cosine_similarity(emb[:n].float(), emb[n:].float(), dim=-1)
         loss = _gathered_loss(cos, batch["labels"], self.scale)

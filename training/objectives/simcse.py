@@ -59,6 +59,9 @@ class SimCSE(Objective):
 
     name: ClassVar[str] = "simcse"
     data_kind: ClassVar[str] = "unlabeled"
+    #: GradCache layout (training/gradcache.py): features and embeddings both stack [x; x]
+    row_groups: ClassVar[dict[str, int]] = {"features": 2}
+    embed_groups: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -85,8 +88,13 @@ class SimCSE(Objective):
         """InfoNCE between two views' pooled embeddings, after the MLP."""
         return info_nce(self.mlp(z1), self.mlp(z2), self.temperature)
 
+    def embed(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.encoder(**batch["features"])
+
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        pooled = self.encoder(**batch["features"])
+        return self.loss_from_embedded(self.embed(batch), batch)
+
+    def loss_from_embedded(self, pooled: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         z1, z2 = pooled.chunk(2)
         loss = self.loss_from_embeddings(z1, z2)
         with torch.no_grad():
