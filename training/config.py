@@ -27,8 +27,13 @@ class TrainConfig:
     max_seq_length: int | None = None
     epochs: float = 1.0
     max_steps: int | None = None  # stops earlier than `epochs` when set
-    batch_size: int = 64  # per device, per step
-    grad_accum: int = 1
+    # Per device, per step: the in-batch negatives (and the effective batch) are batch_size × GPUs.
+    # lr is never scaled: to run a paper's batch B on N GPUs, set batch_size = B / N and keep its lr.
+    batch_size: int = 64
+    grad_accum: int = 1  # only for objectives without in-batch terms (every METHOD has them): refused
+    # GradCache mini-batch (training/gradcache.py): the full batch_size's loss and gradient with the
+    # encoder's activations of only this many examples at a time (simcse, cosent); None: off
+    grad_cache: int | None = None
     lr: float = 3e-5
     optimizer: str = "adamw"  # adamw | sgd | lars (training/optim.py; no decay on biases and norms)
     weight_decay: float = 0.0
@@ -45,6 +50,24 @@ class TrainConfig:
     models_dir: Path = Path("models")
     resume: Path | None = None  # a run directory whose checkpoint to continue from
     allow_config_change: bool = False  # resume even if settings differ from the checkpoint's
+
+    def __post_init__(self) -> None:
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.grad_cache is not None and self.grad_cache < 1:
+            raise ValueError(f"grad_cache must be >= 1 or None, got {self.grad_cache}")
+        if self.grad_accum > 1 or self.grad_cache:
+            from training.objectives import get_objective
+
+            objective = get_objective(self.method)
+            cache = "set grad_cache=<mini-batch> with the whole batch_size, " if objective.row_groups else ""
+            if self.grad_accum > 1 and objective.in_batch:
+                raise ValueError(
+                    f"grad_accum={self.grad_accum} with {self.method!r}: its loss uses in-batch negatives, which "
+                    f"accumulation would shrink to the micro-batch of {self.batch_size}; {cache}raise "
+                    "batch_size or train on more GPUs (the negatives are gathered across them) instead")
+            if self.grad_cache and objective.row_groups is None:
+                raise ValueError(f"grad_cache: {self.method!r} does not support GradCache")
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))

@@ -3,7 +3,7 @@
 `Objective.batch_sampler` names one of SAMPLERS, or is None (the default: a plain shuffle, the
 loop's own DataLoader(shuffle=True)). The loop builds it with `make_batch_sampler(...)` and passes it
 as DataLoader(batch_sampler=...). Objectives that rank pairs against each other (CoSENT) learn
-nothing from a batch whose labels are all equal, so they ask for "mixed_labels".
+nothing from a batch whose labels are all equal, so they may ask for "mixed_labels".
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ class MixedLabelBatchSampler(Sampler[list[int]]):
 
     Distributed: give every rank the same seed and its num_replicas / rank; all ranks draw the same
     global batch list and rank r takes batches r, r + R, ... (truncated to equal counts). Call
-    `set_epoch(epoch)` before each epoch, as with torch's DistributedSampler.
+    `set_epoch(epoch)` before each epoch, as with torch's DistributedSampler. In-batch losses gather
+    equal shapes from every rank, so with num_replicas > 1 every batch holds exactly batch_size
+    items: drop_last is implied and oversampling swaps the off-label item in for one of the batch's
+    own instead of appending it.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class MixedLabelBatchSampler(Sampler[list[int]]):
         self.oversample = oversample
         self.num_replicas = num_replicas
         self.rank = rank
+        self.equal_sizes = num_replicas > 1
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -59,7 +63,7 @@ class MixedLabelBatchSampler(Sampler[list[int]]):
 
     def _num_global_batches(self) -> int:
         n = len(self.labels)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return n // self.batch_size if self.drop_last or self.equal_sizes else math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
         return self._num_global_batches() // self.num_replicas
@@ -71,7 +75,7 @@ class MixedLabelBatchSampler(Sampler[list[int]]):
         if n_batches == 0:
             return []
         order = rng.permutation(len(self.labels))
-        if self.drop_last:
+        if self.drop_last or self.equal_sizes:
             order = order[: n_batches * self.batch_size]
         order = order[np.argsort(self.labels[order], kind="stable")]
         batches = [order[b::n_batches].tolist() for b in range(n_batches)]
@@ -93,7 +97,11 @@ class MixedLabelBatchSampler(Sampler[list[int]]):
                 continue
             if self.oversample:
                 candidates = np.flatnonzero(labels != own)
-                batch.append(int(candidates[rng.integers(len(candidates))]))
+                pick = int(candidates[rng.integers(len(candidates))])
+                if self.equal_sizes and len(batch) >= 2:
+                    batch[-1] = pick
+                else:
+                    batch.append(pick)
 
     def _swap_in(self, b: int, own: float, batches: list[list[int]], rng: np.random.Generator) -> bool:
         """Trade batch b's first item for an off-label item of a donor batch that stays mixed.

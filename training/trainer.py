@@ -32,6 +32,7 @@ from training.config import TrainConfig
 from training.data import load_examples
 from training.default_model import model_label, resolve_model
 from training.encoder import SentenceEncoder
+from training.gradcache import cached_step
 from training.objectives import get_objective
 from training.optim import build_optimizer
 from training.resume import (
@@ -257,10 +258,19 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
             batch = _to_device(batch, device)
             sync = (micro + 1) % cfg.grad_accum == 0
             ctx = model.no_sync() if world > 1 and not sync else contextlib.nullcontext()
-            with ctx, torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                out = model(batch)
-                loss = out["loss"] / cfg.grad_accum
-            scaler.scale(loss).backward()
+            if cfg.grad_cache:
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    out = cached_step(objective, batch, cfg.grad_cache, lambda x: scaler.scale(x).backward())
+                if world > 1:  # DDP's hooks need its forward, which GradCache bypasses: average by hand
+                    for p in params:
+                        if p.grad is not None:
+                            dist.all_reduce(p.grad)
+                            p.grad /= world
+            else:
+                with ctx, torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    out = model(batch)
+                    loss = out["loss"] / cfg.grad_accum
+                scaler.scale(loss).backward()
             micro += 1
             if not sync:
                 continue

@@ -21,6 +21,12 @@ class Objective(nn.Module):
     data_kind: ClassVar[str]
     #: a training.sampling.SAMPLERS name, or None for a plain shuffle (CoSENT needs mixed labels)
     batch_sampler: ClassVar[str | None] = None
+    #: the loss compares the examples of a batch with each other (in-batch negatives, ranking), so
+    #: gradient accumulation over micro-batches would silently shrink it (training/config.py refuses)
+    in_batch: ClassVar[bool] = True
+    #: GradCache support (training/gradcache.py): how collate stacks the N examples per key, and
+    #: `embed` / `loss_from_embedded` methods; None: not supported
+    row_groups: ClassVar[dict[str, int] | None] = None
 
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()

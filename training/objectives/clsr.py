@@ -156,12 +156,12 @@ class CLSR(Objective):
         return batch
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        x = batch["vectors"].float()
+        x = batch["vectors"].to(self.h.weight.dtype)  # the cache is fp32; the heads may not be
         if "missing" in batch:
             with torch.no_grad():
                 self.encoder.eval()  # an inference_encoder().encode() may have left it in train mode
                 x = x.clone()
-                x[batch["missing"]] = self.encoder(**batch["missing_features"]).float()
+                x[batch["missing"]] = self.encoder(**batch["missing_features"]).to(x.dtype)
         z = self.h(self.e(x))
         m = z.shape[0] // 2
         return {"loss": nt_xent(z[:m], z[m:], self.temperature)}

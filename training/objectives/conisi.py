@@ -51,8 +51,10 @@ Readings where the paper is ambiguous (all keywords):
   and 37.2 % (antonyms of the wrong part of speech are no longer used); with it, 0 for o1, o2, s.
 - Pooling: [CLS] (`pooling`="cls"); a preset may override it (the encoder's pooling is then used
   for h everywhere, training and inference alike).
-- Multi-GPU: the contrastive negatives g(hY_j) are gathered from all ranks; BN statistics and the
-  "s" partner are per rank (SimCSE/ConIsI code paths without SyncBN).
+- Multi-GPU: the contrastive negatives g(hY_j) are gathered from all ranks (with their gradient).
+  `sync_batchnorm` (default True) gives BN the global batch's statistics, so R GPUs compute the
+  gradient one GPU would on the global batch; False keeps per-rank statistics (the SimCSE-style
+  code path without SyncBN). The "s" partner is drawn within a rank's batch.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from training.augment.construct import (
     subword_replace,
 )
 from training.augment.wordnet import DEFAULT_WORDNET_DIR, Antonyms
+from training.distributed import gather_with_grad, is_distributed, local_slice
 from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
 from training.objectives.simcse import info_nce, model_inputs
@@ -109,6 +112,7 @@ class ConIsI(Objective):
         wordnet_dir: str | Path = DEFAULT_WORDNET_DIR,
         batchnorm: str = "joint",
         logit_dim: int | None = 1,
+        sync_batchnorm: bool = True,
     ):
         super().__init__(encoder)
         if strategy not in STRATEGIES:
@@ -138,6 +142,7 @@ class ConIsI(Objective):
         # a plain CPU tensor, not a buffer: collate runs on CPU (in DataLoader workers)
         self.vocab_ids = torch.tensor([i for i in range(len(encoder.tokenizer)) if i not in special])
         self.batchnorm = batchnorm
+        self.sync_batchnorm = sync_batchnorm
         d = encoder.dim
         # g (Eq. 2) = the W2/b2/BN/ELU part of f (Eq. 6): one module serves both
         self.head = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
@@ -206,6 +211,14 @@ class ConIsI(Objective):
     # ---- losses ----
     def project(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
         """g(h) = ELU(BN(W1·h + b1)) for the three groups (Eq. 2 / Eq. 6)."""
+        if self.sync_batchnorm and self.training and is_distributed():
+            # the head over every rank's rows (autograd gather), then this rank's rows back
+            rows = [len(h) for h in (h_x, h_y, h_z)]
+            whole = self._project_local(*(gather_with_grad(h) for h in (h_x, h_y, h_z)))
+            return [local_slice(g, n) for g, n in zip(whole, rows)]
+        return self._project_local(h_x, h_y, h_z)
+
+    def _project_local(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
         if self.batchnorm == "joint":
             return list(self.head(torch.cat([h_x, h_y, h_z])).split([len(h_x), len(h_y), len(h_z)]))
         return [self.head(h) for h in (h_x, h_y, h_z)]

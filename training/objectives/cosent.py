@@ -8,8 +8,9 @@ than every pair whose label is lower,
 with s = cos(u_i, u_j) of siamese sentence embeddings (Eq. 8 for binary labels, Eq. 10 for any
 sortable label: STS scores, 0/1, NLI as contradiction 0 < neutral 1 < entailment 2), or s = f(i, j),
 the logit of a cross-encoder (Eq. 11). λ = 20 for every dataset (§IV-C). Ties never contribute,
-so a batch whose labels are all equal has loss exactly log(1) = 0 and no gradient: CoSENT asks for
-the "mixed_labels" batch sampler (training/sampling.py).
+so a batch whose labels are all equal has loss exactly log(1) = 0 and no gradient. Batches are plain
+shuffles by default, as in the paper's code (at batch 16+ an all-equal batch is rare); the
+"mixed_labels" batch sampler (training/sampling.py) is an option (`batch_sampler`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -25,6 +25,7 @@ from training.data import ScoredPair
 from training.distributed import gather_with_grad, is_distributed
 from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
+from training.sampling import SAMPLERS
 
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -48,15 +49,15 @@ def cosent_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float = 20.0)
 def _gathered_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
     """Rank the pairs of all GPUs together, as one big batch would be ranked.
 
-    Every rank computes the same global loss but back-propagates only through its own scores and
-    DDP then averages the gradients over ranks, so the loss is multiplied by the world size to give
-    exactly the single-process gradient of the global batch. Identity on one process.
+    Every rank computes the same global loss; the autograd gather sums the world's identical
+    gradients into each rank's own scores (world × its share), and DDP's average over ranks divides
+    that back: exactly the single-process gradient of the global batch. Identity on one process.
     """
     if not is_distributed():
         return cosent_loss(scores, labels, scale)
     scores = gather_with_grad(scores)
     labels = gather_with_grad(labels.to(scores.dtype).contiguous())
-    return cosent_loss(scores, labels, scale) * dist.get_world_size()
+    return cosent_loss(scores, labels, scale)
 
 
 class CoSENT(Objective):
@@ -68,15 +69,27 @@ class CoSENT(Objective):
 
     `pooling`: the paper uses mean pooling in its supervised experiments (§IV-C, Table VIII), and
     first-last (BERT) / CLS (RoBERTa) for its NLI-only runs; None keeps the encoder's own pooling.
+    `batch_sampler`: None (plain shuffled batches, the paper's code) or "mixed_labels" (every batch
+    spans the label range; equal per-rank batch sizes under DDP).
     """
 
     name: ClassVar[str] = "cosent"
     data_kind: ClassVar[str] = "scored"
-    #: all-equal labels give zero loss and no gradient, so batches must mix labels (training/sampling.py)
-    batch_sampler: ClassVar[str | None] = "mixed_labels"
+    #: GradCache layout (training/gradcache.py): [sentence1; sentence2] features and embeddings
+    row_groups: ClassVar[dict[str, int]] = {"features": 2, "labels": 1}
+    embed_groups: ClassVar[int] = 2
 
-    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, pooling: str | None = "mean"):
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        scale: float = 20.0,
+        pooling: str | None = "mean",
+        batch_sampler: str | None = None,
+    ):
         super().__init__(encoder)
+        if batch_sampler is not None and batch_sampler not in SAMPLERS:
+            raise ValueError(f"unknown batch sampler {batch_sampler!r}; choose from {', '.join(SAMPLERS)} or None")
+        self.batch_sampler = batch_sampler
         self.scale = scale
         if pooling is not None:
             encoder.pooling = pooling
@@ -89,8 +102,13 @@ class CoSENT(Objective):
             "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
         }
 
+    def embed(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.encoder(**batch["features"])
+
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        emb = self.encoder(**batch["features"])
+        return self.loss_from_embedded(self.embed(batch), batch)
+
+    def loss_from_embedded(self, emb: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         n = batch["labels"].shape[0]
         cos = F.cosine_similarity(emb[:n].float(), emb[n:].float(), dim=-1)
         loss = _gathered_loss(cos, batch["labels"], self.scale)

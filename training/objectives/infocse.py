@@ -84,7 +84,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
-from training.distributed import is_distributed
+from training.distributed import global_share, is_distributed
 from training.encoder import SentenceEncoder, pool
 from training.objectives.base import Objective
 from training.objectives.infocse_aux import (
@@ -297,10 +297,13 @@ class InfoCSE(Objective):
         loss_cl = self.loss_from_embeddings(z1, z2)
         h = pooled[: z1.shape[0]]  # the first view's sentence vector; L_aux reaches the encoder only here
         loss_aux = self.aux_loss(h, self.tapped_states(mlm), mlm["attention_mask"], mlm["labels"])
+        # a mean over this rank's masked tokens, whose count varies by rank: weight it to its share
+        # of the global batch's token mean
+        aux_share = global_share(int((mlm["labels"] != -100).sum()), loss_aux.device)
         with torch.no_grad():
             pos_cos = F.cosine_similarity(z1.float(), z2.float(), dim=-1).mean()
         return {
-            "loss": loss_cl + self.aux_weight * loss_aux,
+            "loss": loss_cl + self.aux_weight * aux_share * loss_aux,
             "loss_cl": loss_cl.detach(),
             "loss_aux": loss_aux.detach(),
             "pos_cos": pos_cos,

@@ -36,10 +36,13 @@ def info_nce(queries: torch.Tensor, keys: torch.Tensor, temperature: float) -> t
     """Mean over local rows i of −log softmax_j(cos(q_i, k_j)/τ)[i], keys gathered over GPUs.
 
     queries, keys: [B, d] on this rank, row i of each is a positive pair. Keys from every rank are
-    the candidates, so this rank's positives sit at rank·B + i (identity on one process).
+    the candidates, so this rank's positives sit at rank·B + i (identity on one process). The
+    gather keeps every rank's gradient into this rank's keys, so DDP's average is the global
+    batch's gradient.
     """
     all_keys = gather_with_grad(keys)
-    sim = F.normalize(queries.float(), dim=-1) @ F.normalize(all_keys.float(), dim=-1).T / temperature
+    dtype = torch.float32 if queries.dtype in (torch.float16, torch.bfloat16) else queries.dtype
+    sim = F.normalize(queries.to(dtype), dim=-1) @ F.normalize(all_keys.to(dtype), dim=-1).T / temperature
     offset = dist.get_rank() * queries.shape[0] if is_distributed() else 0
     labels = torch.arange(queries.shape[0], device=sim.device) + offset
     return F.cross_entropy(sim, labels)
@@ -56,6 +59,9 @@ class SimCSE(Objective):
 
     name: ClassVar[str] = "simcse"
     data_kind: ClassVar[str] = "unlabeled"
+    #: GradCache layout (training/gradcache.py): features and embeddings both stack [x; x]
+    row_groups: ClassVar[dict[str, int]] = {"features": 2}
+    embed_groups: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -82,8 +88,13 @@ class SimCSE(Objective):
         """InfoNCE between two views' pooled embeddings, after the MLP."""
         return info_nce(self.mlp(z1), self.mlp(z2), self.temperature)
 
+    def embed(self, batch: dict[str, Any]) -> torch.Tensor:
+        return self.encoder(**batch["features"])
+
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        pooled = self.encoder(**batch["features"])
+        return self.loss_from_embedded(self.embed(batch), batch)
+
+    def loss_from_embedded(self, pooled: torch.Tensor, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         z1, z2 = pooled.chunk(2)
         loss = self.loss_from_embeddings(z1, z2)
         with torch.no_grad():
