@@ -12,7 +12,7 @@ PRESET ?= quick
 DATA ?= ../shared/data
 BASE ?=
 
-.PHONY: serve test export venv wordnet lint eval train-export bench
+.PHONY: serve test export venv wordnet lint eval train-export bench bench-index
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -44,6 +44,13 @@ test: venv wordnet
 # Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets.
 bench: venv $(MODEL_DIR)/manifest.json
 	$(PY) -m benchmarks.serving --model-dir $(MODEL_DIR) --data-dir $(DATA) --out results/bench-serving.json
+
+# The vector store (LocalIndex, fsync on): write rate by index size, Flat vs HNSW vs IVF, filtered search.
+# Quick run: make bench-index SIZES=1000,20000 INDEX_ARGS='--queries 200 --writes 3000 --budget 3'
+SIZES ?= 1000,100000,1000000
+INDEX_ARGS ?=
+bench-index: venv
+	$(PY) -m benchmarks.index --sizes $(SIZES) --out results/bench-index.json $(INDEX_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -291,3 +291,29 @@ def test_replace_collection_swaps_atomically(store):
     assert (info.count, info.model) == (20, new_model)
     assert store.search(-vectors[4], k=1)[0].id == "d4"
     assert [c.name for c in store.index.list_collections()] == ["docs"]
+
+
+@pytest.mark.parametrize("index_type", ["HNSW16", "IVF4,SQ8"])
+def test_structure_search_skips_tombstones_and_slots_newer_than_the_search(index_type):
+    """The ANN path counts tombstones from the builder's bookkeeping (no O(n) pass over the live flags
+    per query) and leaves out slots the builder covered after the search read the slot count: their
+    documents may not be stored yet (VectorSet.append runs before Collection stores the documents)."""
+    from service.index.vectors import VectorSet
+
+    vs = VectorSet(DIM, index_type, background=False)
+    vectors = unit(np.random.default_rng(2).normal(size=(400, DIM)))
+    vs.append(vectors[:300])
+    vs.build_now()
+    assert vs._dead_covered == 0
+    vs.kill(np.array([0, 1, 2], dtype=np.int64))
+    assert vs._dead_covered == 3
+    scores, slots = vs.search(vectors[:3], k=5)
+    assert not set(slots.ravel().tolist()) & {0, 1, 2} and (slots >= 0).all()
+    vs.append(vectors[300:])
+    vs.build_now()
+    with vs._ann_lock:  # as a search that read n = 300 before the builder covered slots 300..399
+        scores, slots = vs._ann_search(vectors[300:310], 10, 300, None, None, None)
+    assert (slots < 300).all() and np.isneginf(scores[slots < 0]).all()
+    scores, slots = vs.search(vectors[300:310], k=1)  # a search now sees them
+    assert slots[:, 0].tolist() == list(range(300, 310)) or index_type.startswith("IVF")
+    vs.close()

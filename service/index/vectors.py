@@ -145,14 +145,19 @@ class VectorSet:
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None,
                ef_search: int | None = None, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, slots), each (len(queries), k'), best first; padded with -inf / -1."""
-        vectors, n = self._vectors, self.n
-        live = self._live[:n].copy()
+        n = self.n  # read before the arrays: an array read after n holds at least n rows, even if it grew
+        vectors = self._vectors
         self._check_params(k, ef_search, nprobe)
-        if allowed is None:
-            candidates = int(live.sum())
-        else:
+        live = None  # an O(n) copy of the live flags: only where exact search or a filter needs it
+        if allowed is not None:
+            live = self._live[:n].copy()
             allowed = allowed[live[allowed]]
             candidates = len(allowed)
+        elif self._ann is not None:
+            candidates = min(self.count, n)  # kept by the writer: no O(n) count per query
+        else:
+            live = self._live[:n].copy()
+            candidates = int(np.count_nonzero(live))
         k = min(k, candidates)
         if k == 0:
             return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
@@ -160,14 +165,15 @@ class VectorSet:
             return self._exact(queries, vectors, live, k, allowed)
         with self._ann_lock:
             covered = self._covered
-            scores, slots = self._ann_search(queries, k, live, allowed, ef_search, nprobe)
+            scores, slots = self._ann_search(queries, k, n, allowed, ef_search, nprobe)
         if covered < n:  # the slots the builder has not reached yet
             tail = np.arange(covered, n)
-            tail = tail[live[tail]] if allowed is None else allowed[allowed >= covered]
-            ts, tl = self._exact(queries, vectors, live, min(k, len(tail)), tail)
+            tail = tail[self._live[covered:n]] if allowed is None else allowed[allowed >= covered]
+            ts, tl = self._exact(queries, vectors, None, min(k, len(tail)), tail)
             scores, slots = _merge(scores, slots, ts, tl, k)
         if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
-            return self._exact(queries, vectors, live, k, allowed)
+            live = self._live[:n].copy() if live is None else live
+            return self._exact(queries, vectors, live, min(k, int(np.count_nonzero(live))), allowed)
         return scores, slots
 
     def _check_params(self, k: int, ef_search: int | None, nprobe: int | None) -> None:
@@ -199,12 +205,15 @@ class VectorSet:
         slots = top if rows is None else rows[top]
         return np.take_along_axis(top_scores, order, axis=1).astype(np.float32), slots.astype(np.int64)
 
-    def _ann_search(self, queries, k, live, allowed, ef_search, nprobe):
+    def _ann_search(self, queries, k, n, allowed, ef_search, nprobe):
+        """Search the structure (the caller holds _ann_lock); slots written after the caller read `n`
+        (the builder may already cover them) are left out, as their documents may not be stored yet."""
         covered = self._covered
         selector = None
         if allowed is not None:
             selector = faiss.IDSelectorBatch(allowed[allowed < covered])
-        elif not live[:covered].all():  # tombstones inside the structure: skip them
+        elif self._dead_covered:  # tombstones inside the structure (kept by kill and the builder): skip them
+            live = self._live  # read after `covered`: it holds at least `covered` rows
             bitmap = np.packbits(live[:covered], bitorder="little")
             selector = faiss.IDSelectorBitmap(covered, faiss.swig_ptr(bitmap))
         if self.type.kind == "hnsw":
@@ -214,6 +223,7 @@ class VectorSet:
         if selector is not None:
             params.sel = selector
         scores, slots = self._ann.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=params)
+        slots[slots >= n] = -1
         scores[slots < 0] = -np.inf
         return scores, slots
 

@@ -1,0 +1,454 @@
+"""`make bench-index`: the vector store (LocalIndex) measured side by side in one run.
+
+  1. acknowledged writes per second with fsync, 4 threads of 1-document upserts, with 1k, 100k, 1M
+     documents already indexed: once with snapshots held off, once with the default snapshot
+     settings (every 10,000 writes or 300 s), p50/p99 latency;
+  2. Flat vs HNSW vs IVF at each size of 100k and up: fill time (batched upserts), build time (until
+     the background builder covers every slot), memory (RSS growth, and the FAISS structure's
+     serialized size), queries per second one query at a time and in batches, recall@10 against
+     Flat, with a small sweep of efSearch / nprobe;
+  3. filtered search matching 50%, 5% and 0.1% of documents: queries per second, recall@10 against
+     exact filtered search, and whether any result came back short.
+and prints PASS/FAIL for the issue's targets. Everything runs in this process on LocalIndex (a temp
+folder on the real disk, fsync on). Vectors: unit vectors from a Gaussian mixture (clusters with a
+low-dimensional spread plus isotropic noise), closer to real embeddings than uniform noise.
+
+    python -m benchmarks.index [--sizes 1000,100000,1000000] [--queries 1000] [--dir /var/tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from service.index import CollectionSpec, Document, LocalIndex, SearchParams
+
+DIM = 384
+K = 10
+WRITERS = 4
+FILL_BATCH = 10_000
+HNSW = "HNSW32"
+EF_SWEEP = (64, 128, 256)  # 128 is the store's default
+NPROBE_SWEEP = (8, 16, 64)  # 16 is the store's default
+FILTERS = (("50%", {"b": {"$lt": 500}}, 0.5), ("5%", {"b": {"$lt": 50}}, 0.05), ("0.1%", {"b": 7}, 0.001))
+NAME = "bench"
+
+
+# --- the machine ---------------------------------------------------------------------------------
+def cpu_line() -> str:
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("unknown CPU", ""):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
+            f"faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads); numpy {np.__version__}; "
+            f"python {platform.python_version()}; load average {load:.1f} at start")
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def disk_line(folder: Path) -> str:
+    fstype = "?"
+    try:
+        best = ""
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mount, kind, *_ = line.split()
+            if str(folder.resolve()).startswith(mount) and len(mount) > len(best):
+                best, fstype = mount, kind
+    except OSError:
+        pass
+    return f"index folders under {folder} ({fstype})"
+
+
+# --- the data --------------------------------------------------------------------------------------
+class Mixture:
+    """Unit vectors: a cluster centre, plus a spread inside a `latent`-dimensional subspace (one of
+    `groups` random subspaces, by cluster), plus isotropic noise. Centres and subspaces are fixed by
+    `seed`, so documents and queries come from the same distribution."""
+
+    def __init__(self, dim: int = DIM, clusters: int = 1000, groups: int = 16, latent: int = 32,
+                 spread: float = 0.7, noise: float = 0.25, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.dim, self.clusters, self.spread, self.noise = dim, clusters, spread, noise
+        self.centres = _unit(rng.standard_normal((clusters, dim), dtype=np.float32))
+        self.bases = rng.standard_normal((groups, latent, dim), dtype=np.float32) / np.sqrt(dim)
+
+    def sample(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(self.clusters, size=n)
+        groups, latent, _ = self.bases.shape
+        out = rng.standard_normal((n, self.dim), dtype=np.float32)
+        out *= self.noise / np.sqrt(self.dim)
+        out += self.centres[labels]
+        for g in range(groups):
+            rows = np.flatnonzero(labels % groups == g)
+            z = rng.standard_normal((len(rows), latent), dtype=np.float32) * (self.spread / np.sqrt(latent))
+            out[rows] += z @ self.bases[g]
+        return _unit(out)
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows
+
+
+def exact_top(data: np.ndarray, queries: np.ndarray, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Row numbers of the exact top k (numpy, blocks of queries), restricted to `rows` if given."""
+    base = data if rows is None else data[rows]
+    out = np.empty((len(queries), min(k, len(base))), dtype=np.int64)
+    step = max(1, (1 << 26) // max(len(base), 1))
+    for i in range(0, len(queries), step):
+        scores = queries[i: i + step] @ base.T
+        top = np.argpartition(-scores, out.shape[1] - 1, axis=1)[:, : out.shape[1]]
+        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
+        top = np.take_along_axis(top, order, axis=1)
+        out[i: i + step] = top if rows is None else rows[top]
+    return out
+
+
+# --- timing helpers ----------------------------------------------------------------------------------
+def recall(found: list[list[str]], truth: list[list[str]]) -> float:
+    return float(np.mean([len(set(f) & set(t)) / max(len(t), 1) for f, t in zip(found, truth)]))
+
+
+def ids_of(hits) -> list[str]:
+    return [h.id for h in hits]
+
+
+def single_queries(index, queries: np.ndarray, params: SearchParams, budget_s: float) -> tuple[float, list]:
+    """(queries/s one at a time, the results of those run): until all ran or `budget_s` passed (at least 3)."""
+    index.search(NAME, queries[:1], params)  # warm-up
+    results = []
+    start = time.perf_counter()
+    for q in queries:
+        results.append(ids_of(index.search(NAME, q[None], params)[0]))
+        if time.perf_counter() - start > budget_s and len(results) >= 3:
+            break
+    return len(results) / (time.perf_counter() - start), results
+
+
+def batch_queries(index, queries: np.ndarray, params: SearchParams, batch: int) -> tuple[float, list]:
+    results = []
+    start = time.perf_counter()
+    for i in range(0, len(queries), batch):
+        results.extend(ids_of(h) for h in index.search(NAME, queries[i: i + batch], params))
+    return len(queries) / (time.perf_counter() - start), results
+
+
+def write_rate(index: LocalIndex, vectors: np.ndarray, tag: str) -> dict:
+    """4 threads, each upserting one new document per call and waiting for its acknowledgement."""
+    latencies: list[list[float]] = [[] for _ in range(WRITERS)]
+    per = len(vectors) // WRITERS
+
+    def writer(t: int) -> None:
+        for i in range(t * per, (t + 1) * per):
+            start = time.perf_counter()
+            index.upsert(NAME, [Document(f"{tag}{i}", "", {"b": i % 1000})], vectors[i: i + 1])
+            latencies[t].append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(WRITERS)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    flat = [x for lat in latencies for x in lat]
+    q = statistics.quantiles(flat, n=100, method="inclusive")
+    return {"writes": len(flat), "rate": len(flat) / elapsed, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000}
+
+
+# --- one collection: fill, build, measure --------------------------------------------------------------
+def ivf_spec(n: int, cap: int) -> str:
+    nlist = 1 << max(4, int(np.log2(4 * np.sqrt(n))))  # ~4·√n lists, a power of two
+    return f"IVF{min(nlist, cap)},SQ8"
+
+
+def fill(index: LocalIndex, data: np.ndarray, b: np.ndarray) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(data), FILL_BATCH):
+        docs = [Document(f"d{j}", "", {"b": int(b[j])}) for j in range(i, min(i + FILL_BATCH, len(data)))]
+        index.upsert(NAME, docs, data[i: i + len(docs)])
+    return time.perf_counter() - start
+
+
+def wait_built(index: LocalIndex, timeout_s: float) -> tuple[bool, float]:
+    """(covered everything, share covered) once the builder covers every slot, or at the timeout."""
+    vs = index._collections[NAME].vectors
+    if vs.type.kind == "flat":
+        return True, 1.0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if vs._ann is not None and vs._covered >= vs.n:
+            return True, 1.0
+        time.sleep(0.1)
+    return False, vs._covered / max(vs.n, 1)
+
+
+def structure_mb(index: LocalIndex, folder: Path) -> float:
+    vs = index._collections[NAME].vectors
+    if vs._ann is None:
+        return 0.0
+    path = folder / "structure.faiss"
+    with vs._ann_lock:
+        faiss.write_index(vs._ann, str(path))
+    size = path.stat().st_size / 2**20
+    path.unlink()
+    return size
+
+
+def measure_type(index_type: str, data, b, queries, truth, filter_truth, args, folder: Path,
+                 write_vectors: np.ndarray | None) -> dict:
+    row: dict = {"type": index_type, "n": len(data)}
+    path = Path(tempfile.mkdtemp(prefix=f"bench-index-{len(data)}-", dir=folder))
+    rss0 = rss_mb()
+    # Snapshots held off while filling and measuring search (fill batches are ops too); the write
+    # rate is measured both ways below.
+    index = LocalIndex(path, fsync=True, snapshot_every_ops=10**12, snapshot_every_s=1e12)
+    try:
+        index.create_collection(CollectionSpec(NAME, DIM, index_type))
+        start = time.perf_counter()
+        row["fill_s"] = fill(index, data, b)
+        built, share = wait_built(index, args.build_timeout)
+        row["build_s"] = time.perf_counter() - start  # first write until the builder covers every slot
+        row["built"], row["covered"] = built, share
+        row["rss_mb"] = rss_mb() - rss0
+        row["structure_mb"] = structure_mb(index, path)
+        row["slots_mb"] = len(data) * DIM * 4 / 2**20
+        print(f"  {index_type}: filled in {row['fill_s']:.1f} s, built {'in' if built else 'NOT within'} "
+              f"{row['build_s']:.1f} s ({share:.0%} covered), RSS +{row['rss_mb']:.0f} MB, "
+              f"structure {row['structure_mb']:.0f} MB", flush=True)
+        if queries is not None:
+            row["search"] = search_rows(index, index_type, queries, truth, args)
+            row["filtered"] = filtered_rows(index, queries, filter_truth, args)
+        if write_vectors is not None:
+            row["writes"] = measure_writes(index, write_vectors)
+    finally:
+        index.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return row
+
+
+def search_rows(index, index_type, queries, truth, args) -> list[dict]:
+    if index_type.startswith("HNSW"):
+        settings = [(f"ef={ef}", SearchParams(k=K, ef_search=ef, with_text=False, with_metadata=False))
+                    for ef in EF_SWEEP]
+    elif index_type.startswith("IVF"):
+        nlist = int(index_type[3:].split(",")[0])
+        settings = [(f"nprobe={p}", SearchParams(k=K, nprobe=p, with_text=False, with_metadata=False))
+                    for p in NPROBE_SWEEP if p <= nlist]
+    else:
+        settings = [("exact", SearchParams(k=K, with_text=False, with_metadata=False))]
+    rows = []
+    for label, params in settings:
+        batch_qps, found = batch_queries(index, queries, params, args.batch)
+        single_qps, _ = single_queries(index, queries, params, args.budget)
+        r = {"setting": label, "single_qps": single_qps, "batch_qps": batch_qps,
+             "recall": recall(found, truth) if truth is not None else 1.0, "found": found}
+        print(f"    {label:<11} {single_qps:>9.1f} q/s single {batch_qps:>9.1f} q/s batched  "
+              f"recall@10 {r['recall']:.4f}", flush=True)
+        rows.append(r)
+    return rows
+
+
+def filtered_rows(index, queries, filter_truth, args) -> list[dict]:
+    rows = []
+    for label, spec, _ in FILTERS:
+        params = SearchParams(k=K, filter=spec, with_text=False, with_metadata=False)
+        qps, found = single_queries(index, queries[: args.filter_queries], params, args.budget)
+        truth = filter_truth[label][: len(found)]
+        short = sum(len(f) < len(t) for f, t in zip(found, truth))
+        rows.append({"filter": label, "qps": qps, "recall": recall(found, truth), "short": short,
+                     "queries": len(found)})
+        print(f"    filter {label:<5} {qps:>9.1f} q/s single  recall@10 {rows[-1]['recall']:.4f}  "
+              f"short {short}/{len(found)}", flush=True)
+    return rows
+
+
+def measure_writes(index: LocalIndex, vectors: np.ndarray) -> dict:
+    half = len(vectors) // 3
+    deferred = write_rate(index, vectors[:half], "wa")
+    index.snapshot_every_ops, index.snapshot_every_s = 10_000, 300.0  # LocalIndex's defaults
+    default = write_rate(index, vectors[half:], "wb")
+    print(f"  writes: {deferred['rate']:.0f}/s snapshots held off (p50 {deferred['p50_ms']:.1f} ms, p99 "
+          f"{deferred['p99_ms']:.1f} ms); {default['rate']:.0f}/s default snapshots (p50 {default['p50_ms']:.1f} ms, "
+          f"p99 {default['p99_ms']:.1f} ms)", flush=True)
+    return {"deferred": deferred, "default": default}
+
+
+# --- the run ---------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,100000,1000000",
+                        help="documents already indexed, comma-separated; search is compared at sizes >= --search-min")
+    parser.add_argument("--search-min", type=int, default=10_000, help="smallest size with the search comparison")
+    parser.add_argument("--types", default=f"Flat,{HNSW},IVF",
+                        help="index types compared (IVF: IVF<~4·sqrt(n)>,SQ8, capped by --ivf-max-lists)")
+    parser.add_argument("--hnsw-max", type=int, default=0,
+                        help="largest size with an HNSW row (0: every size); HNSW32 builds ~1k vectors/s on 2 cores")
+    parser.add_argument("--ivf-max-lists", type=int, default=2048,
+                        help="cap on IVF lists (k-means training cost grows with lists × sample)")
+    parser.add_argument("--queries", type=int, default=1000, help="queries (recall is averaged over all of them)")
+    parser.add_argument("--batch", type=int, default=100, help="queries per batched search call")
+    parser.add_argument("--filter-queries", type=int, default=200, help="queries per filter")
+    parser.add_argument("--budget", type=float, default=10.0, help="seconds per single-query measurement at most")
+    parser.add_argument("--writes", type=int, default=30_000,
+                        help="1-document writes per size: a third with snapshots held off, the rest with the defaults")
+    parser.add_argument("--build-timeout", type=float, default=1800.0, help="seconds to wait for a background build")
+    parser.add_argument("--dir", type=Path, default=Path("/var/tmp"), help="where the index folders go (a real disk)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    parser.add_argument("--report", type=Path, default=None, help="print the tables of an earlier --out JSON")
+    args = parser.parse_args(argv)
+    if args.report:
+        results = json.loads(args.report.read_text())
+        results["sizes"] = {int(n): rows for n, rows in results["sizes"].items()}
+        print(results["cpu"])
+        args.out = None
+        return report(results, sorted(results["sizes"]), args)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    types = [t.strip() for t in args.types.split(",")]
+
+    print(cpu_line(), flush=True)
+    print(f"{disk_line(args.dir)}; dimension {DIM}; k {K}; {args.queries} queries; writes: {WRITERS} threads of "
+          f"1-document upserts with fsync\n", flush=True)
+    mixture = Mixture()
+    queries = mixture.sample(args.queries, seed=1)
+    write_vectors = mixture.sample(args.writes, seed=2)
+    results: dict = {"cpu": cpu_line(), "sizes": {}}
+    for n in sizes:
+        print(f"== {n:,} documents", flush=True)
+        data = mixture.sample(n, seed=3)
+        b = np.random.default_rng(4).integers(1000, size=n)
+        searching = n >= args.search_min
+        truth = filter_truth = None
+        if searching:
+            t0 = time.perf_counter()
+            truth = [[f"d{j}" for j in row] for row in exact_top(data, queries, K)]
+            filter_truth = {}
+            for label, _, share in FILTERS:
+                allowed = np.flatnonzero(b < 500) if share == 0.5 else np.flatnonzero(b < 50) if share == 0.05 \
+                    else np.flatnonzero(b == 7)
+                top = exact_top(data, queries[: args.filter_queries], K, allowed)
+                filter_truth[label] = [[f"d{j}" for j in row] for row in top]
+            print(f"  exact truth (numpy) in {time.perf_counter() - t0:.1f} s", flush=True)
+        rows = []
+        for t in (types if searching else ["Flat"]):
+            if t.startswith("HNSW") and args.hnsw_max and n > args.hnsw_max:
+                print(f"  {t}: skipped at {n:,} (--hnsw-max {args.hnsw_max:,})", flush=True)
+                continue
+            spec = ivf_spec(n, args.ivf_max_lists) if t == "IVF" else t
+            rows.append(measure_type(spec, data, b, queries if searching else None, truth, filter_truth, args,
+                                     args.dir, write_vectors if spec == "Flat" else None))
+        if searching and rows[0]["type"] == "Flat":  # recall against Flat's own answers, as the issue asks
+            flat_found = rows[0]["search"][0]["found"]
+            for r in rows:
+                for s in r["search"]:
+                    s["recall_vs_flat"] = recall(s["found"], flat_found)
+        for r in rows:
+            for s in r.get("search", []):
+                s.pop("found", None)
+        results["sizes"][n] = rows
+        del data
+    return report(results, sizes, args)
+
+
+def report(results: dict, sizes: list[int], args) -> int:
+    print(f"\n{'acknowledged writes (fsync)':<30}{'indexed':>10}{'writes/s':>10}{'p50':>9}{'p99':>9}"
+          f"{'writes/s':>12}{'p50':>9}{'p99':>9}")
+    print(f"{'':<40}{'-- snapshots held off --':>28}{'-- default snapshots --':>30}")
+    rates = {}
+    for n in sizes:
+        w = next((r["writes"] for r in results["sizes"][n] if "writes" in r), None)
+        if w is None:
+            continue
+        a, d = w["deferred"], w["default"]
+        rates[n] = (a["rate"], d["rate"])
+        print(f"{'4 writers, 1 doc each':<30}{n:>10,}{a['rate']:>10.0f}{a['p50_ms']:>7.1f}ms{a['p99_ms']:>7.1f}ms"
+              f"{d['rate']:>12.0f}{d['p50_ms']:>7.1f}ms{d['p99_ms']:>7.1f}ms")
+    print(f"\n{'search':<22}{'n':>10}{'setting':>12}{'q/s 1':>9}{'q/s batch':>11}{'recall@10':>11}"
+          f"{'fill':>8}{'build':>9}{'RSS +':>9}{'FAISS':>9}")
+    for n in sizes:
+        for r in results["sizes"][n]:
+            for s in r.get("search", []):
+                build = f"{r['build_s']:.0f}s" if r["built"] else f">{r['build_s']:.0f}s"
+                print(f"{r['type']:<22}{n:>10,}{s['setting']:>12}{s['single_qps']:>9.1f}{s['batch_qps']:>11.1f}"
+                      f"{s.get('recall_vs_flat', s['recall']):>11.4f}{r['fill_s']:>7.0f}s{build:>9}"
+                      f"{r['rss_mb']:>7.0f}MB{r['structure_mb']:>7.0f}MB")
+    print(f"\n{'filtered search':<22}{'n':>10}{'matching':>10}{'q/s 1':>9}{'recall@10':>11}{'short':>9}")
+    for n in sizes:
+        for r in results["sizes"][n]:
+            for f in r.get("filtered", []):
+                print(f"{r['type']:<22}{n:>10,}{f['filter']:>10}{f['qps']:>9.1f}{f['recall']:>11.4f}"
+                      f"{f['short']:>5}/{f['queries']}")
+
+    print()
+    checks = []
+    searched = [n for n in sizes if n >= args.search_min]
+    with_hnsw = [n for n in searched if {"Flat", HNSW} <= {r["type"] for r in results["sizes"][n]}]
+    if searched and (not with_hnsw or with_hnsw[-1] != searched[-1]):
+        print(f"n/a   {HNSW} targets at {searched[-1]:,}: no {HNSW} row there (--hnsw-max)")
+    if with_hnsw:
+        top = with_hnsw[-1]
+        rows = {r["type"]: r for r in results["sizes"][top]}
+        flat, hnsw = rows["Flat"], rows[HNSW]
+        base = flat["search"][0]
+        for s in hnsw["search"]:
+            if s["setting"] == "ef=128":
+                ratio = s["single_qps"] / base["single_qps"]
+                checks.append((f"{HNSW} recall@10 ≥ 0.95 at {top:,} (ef=128 default: {s['recall_vs_flat']:.4f})",
+                               s["recall_vs_flat"] >= 0.95))
+                checks.append((f"{HNSW} ≥ 10× Flat's queries/s at {top:,}, single queries ({ratio:.1f}×)",
+                               ratio >= 10))
+                bratio = s["batch_qps"] / base["batch_qps"]
+                checks.append((f"{HNSW} ≥ 10× Flat's queries/s at {top:,}, batches of {args.batch} "
+                               f"({bratio:.1f}×)", bratio >= 10))
+        if not hnsw["built"]:
+            checks.append((f"{HNSW} at {top:,} built within {args.build_timeout:.0f} s "
+                           f"({hnsw['covered']:.0%} covered)", False))
+    for n in searched:
+        for r in results["sizes"][n]:
+            for f in r.get("filtered", []):
+                if f["short"]:
+                    checks.append((f"{r['type']} {n:,} filter {f['filter']}: no short results ({f['short']} short)",
+                                   False))
+    if len(rates) >= 2:
+        lo, hi = min(rates), max(rates)
+        for i, label in ((0, "snapshots held off"), (1, "default snapshots")):
+            ratio = rates[lo][i] / rates[hi][i]
+            checks.append((f"write rate at {hi:,} within 2× of the rate at {lo:,}, {label} "
+                           f"({rates[hi][i]:.0f}/s vs {rates[lo][i]:.0f}/s: {ratio:.2f}×)", ratio <= 2))
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        results["checks"] = {text: ok for text, ok in checks}
+        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
