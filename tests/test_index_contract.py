@@ -317,3 +317,14 @@ def test_structure_search_skips_tombstones_and_slots_newer_than_the_search(index
     scores, slots = vs.search(vectors[300:310], k=1)  # a search now sees them
     assert slots[:, 0].tolist() == list(range(300, 310)) or index_type.startswith("IVF")
     vs.close()
+
+
+def test_a_repeated_filter_sees_every_write_since(store):
+    docs, vectors = corpus(50)
+    store.upsert(docs, vectors)
+    flt = {"group": "g2"}
+    before = {h.id for h in store.search(vectors[0], k=50, filter=flt)}
+    store.upsert([Document("new", "", {"group": "g2"})], vectors[:1])
+    store.index.delete("docs", ids=["d2"])
+    after = {h.id for h in store.search(vectors[0], k=50, filter=flt)}
+    assert after == (before | {"new"}) - {"d2"}

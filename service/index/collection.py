@@ -7,6 +7,8 @@ has entries set to None, and a slot's vector never changes once written.
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,11 @@ class Collection:
         self._slot_of: dict[str, int] = {}
         self.sequence = 0
         self.frozen: str | None = None  # why writes are refused for now (a re-embed is reading it)
+        # A filter is evaluated in Python over every document: its allowed slots are cached until the next
+        # change (`_version` moves after a write is complete, so a scan never caches a half-applied write).
+        self._version = 0
+        self._filter_cache: dict[str, tuple[int, np.ndarray]] = {}
+        self._cache_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.vectors.count
@@ -41,6 +48,7 @@ class Collection:
         self._docs.extend(documents)
         for slot, doc in zip(slots.tolist(), documents):
             self._slot_of[doc.id] = slot
+        self._version += 1
 
     def delete(self, ids: list[str]) -> int:
         return self._remove(ids)
@@ -50,6 +58,7 @@ class Collection:
         for slot in slots:
             self._docs[slot] = None
         self.vectors.kill(np.asarray(slots, dtype=np.int64))
+        self._version += 1
         return len(slots)
 
     def close(self) -> None:
@@ -60,6 +69,23 @@ class Collection:
     def ids_matching(self, filter_spec: dict[str, Any]) -> list[str]:
         predicate = compile_filter(filter_spec)
         return [d.id for d in list(self._docs) if d is not None and predicate(d.metadata)]
+
+    def _allowed(self, filter_spec: dict[str, Any]) -> np.ndarray:
+        predicate = compile_filter(filter_spec)
+        key = json.dumps(filter_spec, sort_keys=True)
+        version = self._version
+        with self._cache_lock:
+            cached = self._filter_cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        docs = list(self._docs)
+        allowed = np.fromiter((i for i, d in enumerate(docs) if d is not None and predicate(d.metadata)),
+                              dtype=np.int64)
+        with self._cache_lock:
+            if len(self._filter_cache) >= 64:
+                self._filter_cache.pop(next(iter(self._filter_cache)))
+            self._filter_cache[key] = (version, allowed)
+        return allowed
 
     def get(self, ids: list[str], with_vector: bool = False) -> list[Record]:
         records = []
@@ -78,12 +104,7 @@ class Collection:
                 yield [Record(d.id, d.text, d.metadata) for d in docs]
 
     def search(self, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
-        allowed = None
-        if params.filter is not None:
-            predicate = compile_filter(params.filter)
-            docs = list(self._docs)
-            allowed = np.fromiter((i for i, d in enumerate(docs) if d is not None and predicate(d.metadata)),
-                                  dtype=np.int64)
+        allowed = None if params.filter is None else self._allowed(params.filter)
         scores, slots = self.vectors.search(queries, params.k, allowed, params.ef_search, params.nprobe)
         results = []
         for row_scores, row_slots in zip(scores.tolist(), slots.tolist()):
@@ -100,10 +121,10 @@ class Collection:
 
     # snapshots --------------------------------------------------------------------------------
 
-    def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document]]:
-        """(spec, vectors, live rows, their documents), called by the committer between writes; the
-        snapshot thread gathers vectors[rows] later, as written rows never change."""
+    def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document], int]:
+        """(spec, vectors, live rows, their documents, sequence), called by the committer between
+        writes; the snapshot thread gathers vectors[rows] later, as written rows never change."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]
-        return self.spec, vectors, rows, [docs[r] for r in rows.tolist()]
+        return self.spec, vectors, rows, [docs[r] for r in rows.tolist()], self.sequence
