@@ -85,7 +85,10 @@ class LocalIndex:
         self._snapshot_thread: threading.Thread | None = None
         self._wal = None
         if self.path:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if not self.path.is_dir():
+                self.path.mkdir(parents=True)
+                if fsync:
+                    fsync_dir(self.path.parent)
             self._wal = WriteAheadLog(self.path / "wal", fsync=fsync)
             self._recover()
             self._wal.open()
@@ -215,7 +218,12 @@ class LocalIndex:
                     break
                 batch.append(item)
             self._commit(batch)
-            self._maybe_snapshot()
+            try:
+                self._maybe_snapshot()
+            except Exception as e:  # the committer must live on: the log still holds every write
+                log.error("snapshot not started (%s); retrying after another %d writes or %.0f s", e,
+                          self.snapshot_every_ops, self.snapshot_every_s)
+                self._since_snapshot, self._last_snapshot = 0, time.monotonic()
 
     def _commit(self, batch) -> None:
         group: list = []
@@ -341,37 +349,62 @@ class LocalIndex:
             return self._seq
         if not self._snapshot_lock.acquire(blocking=wait):
             return self._seq  # one is being written; the next trigger takes another
-        seq = self._seq
-        state = [c.capture() for c in self._collections.values()]
-        self._wal.rotate()
+        try:
+            seq = self._seq
+            state = [c.capture() for c in self._collections.values()]
+            self._wal.rotate()  # raises (and the current segment stays) if the new one cannot be made durable
+        except BaseException:
+            self._snapshot_lock.release()
+            raise
         self._since_snapshot, self._last_snapshot = 0, time.monotonic()
 
         def write():
             try:
                 self._write_snapshot(seq, state)
-            except Exception:
-                log.exception("snapshot at %d failed; the log still holds every write", seq)
             finally:
                 self._snapshot_lock.release()
 
+        def write_in_background():
+            try:
+                write()
+            except Exception:
+                log.exception("snapshot at %d failed; the log still holds every write", seq)
+
         if wait:
-            write()
+            write()  # a failure reaches the caller of snapshot()
         else:
-            self._snapshot_thread = threading.Thread(target=write, name="index-snapshot", daemon=True)
+            self._snapshot_thread = threading.Thread(target=write_in_background, name="index-snapshot", daemon=True)
             self._snapshot_thread.start()
         return seq
 
     def _write_snapshot(self, seq: int, state) -> None:
         folder = self.path / "snapshots"
-        folder.mkdir(exist_ok=True)
+        if not folder.is_dir():
+            folder.mkdir()
+            fsync_dir(self.path)
         final = folder / f"{seq:020d}"
         if final.exists():
             return
         tmp = folder / f"{seq:020d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        try:
+            self._write_files(tmp, seq, state)
+            os.rename(tmp, final)
+        except BaseException:  # a failed snapshot leaves no half-written folder to fill the disk
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_dir(folder)
+        for old in folder.iterdir():
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+        self._wal.drop_before(seq)
+        log.info("snapshot at sequence %d written (%d collections)", seq, len(state))
+
+    @staticmethod
+    def _write_files(tmp: Path, seq: int, state) -> None:
         manifest = {"sequence": seq, "collections": []}
-        for i, (spec, vectors, rows, docs) in enumerate(state):
+        for i, (spec, vectors, rows, docs, sequence) in enumerate(state):
             with open(tmp / f"{i}.npy", "wb") as f:
                 np.save(f, vectors[rows])
                 f.flush()
@@ -382,20 +415,13 @@ class LocalIndex:
                 f.flush()
                 os.fsync(f.fileno())
             manifest["collections"].append({"file": i, "name": spec.name, "dimension": spec.dimension,
-                                            "index_type": spec.index_type,
+                                            "index_type": spec.index_type, "sequence": sequence,
                                             "model": asdict(spec.model) if spec.model else None})
         with open(tmp / "manifest.json", "w") as f:
             json.dump(manifest, f)
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(folder)
-        for old in folder.iterdir():
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
-        self._wal.drop_before(seq)
-        log.info("snapshot at sequence %d written (%d collections)", seq, len(state))
 
     def _recover(self) -> None:
         folder = self.path / "snapshots"
@@ -427,7 +453,7 @@ class LocalIndex:
                 raise CorruptLog(f"snapshot {folder}: {len(docs)} documents for {len(vectors)} vectors")
             if docs:
                 collection.upsert(docs, vectors)
-            collection.sequence = manifest["sequence"]
+            collection.sequence = entry.get("sequence", manifest["sequence"])
             self._collections[spec.name] = collection
         self._seq = manifest["sequence"]
         return manifest["sequence"]

@@ -13,6 +13,7 @@ starts a new segment, and segments wholly at or below the oldest kept snapshot a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -69,10 +70,14 @@ def _records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 class WriteAheadLog:
     def __init__(self, folder: Path, fsync: bool = True):
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True)
+            if fsync:  # the folder's own entry must last, or a crash can lose the whole log
+                fsync_dir(self.folder.parent)
         self.last_seq = 0  # the last sequence number written (durable once sync returns)
         self._fd: int | None = None
+        self._path: Path | None = None  # the segment being written
         self._offset = 0  # bytes of the current segment that hold complete records
         self.broken: str | None = None  # why writes are refused, after a failed fsync
 
@@ -80,16 +85,27 @@ class WriteAheadLog:
         return sorted(self.folder.glob(f"*{SUFFIX}"))
 
     def replay(self, after: int) -> Iterator[tuple[int, bytes]]:
-        """Every record with a sequence number above `after`, in order; cuts a torn tail off."""
+        """Every record with a sequence number above `after`, in order; cuts a torn tail off.
+
+        Each segment's name is its first record's sequence number, so a lost segment shows as a
+        gap even when the segment after it is still empty."""
         segments = self.segments()
-        expected = None
+        if segments and _first_seq(segments[0]) > after + 1:
+            raise CorruptLog(f"the log starts at sequence {_first_seq(segments[0])} but the snapshot ends at "
+                             f"{after}: records are missing")
+        expected = None  # the next record's sequence number
         for i, segment in enumerate(segments):
+            first = _first_seq(segment)
+            if expected is not None and first > expected:
+                raise CorruptLog(f"{segment}: starts at sequence {first}, but the log before it ends at "
+                                 f"{expected - 1}: records are missing")
             data = segment.read_bytes()
             end = 0
             for seq, record_end, payload in _records(data):
+                want = expected if end else first
+                if seq != want or (expected is not None and seq != expected):
+                    raise CorruptLog(f"{segment}: sequence {seq} at offset {end}, where {want} was expected")
                 end = record_end
-                if expected is not None and seq != expected:
-                    raise CorruptLog(f"{segment}: sequence {seq} follows {expected - 1}")
                 expected = seq + 1
                 self.last_seq = seq
                 if seq > after:
@@ -108,17 +124,38 @@ class WriteAheadLog:
     def open(self) -> None:
         """Append after the last record (call after replay)."""
         segments = self.segments()
+        if segments and segments[-1].stat().st_size == 0 and _first_seq(segments[-1]) != self.last_seq + 1:
+            # an empty segment from a rotation that was undone (its folder sync failed) and came
+            # back after a crash: records must not go into a segment named for another sequence
+            segments.pop().unlink()
         if not segments:
             self.rotate()
             return
         self._open(segments[-1])
 
     def rotate(self) -> None:
-        """Start a new segment; the next record's sequence number names it."""
-        self.close()
-        self._open(self.folder / f"{self.last_seq + 1:020d}{SUFFIX}")
+        """Start a new segment; the next record's sequence number names it. Durable (the folder is
+        synced) before any record goes in; on failure the current segment stays in use."""
+        if self.broken:
+            raise NotDurable(f"the index log is unavailable ({self.broken}); restart the service", 503)
+        path = self.folder / f"{self.last_seq + 1:020d}{SUFFIX}"
+        if path == self._path:
+            return  # the current segment holds no record yet
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _not_durable(e) from e
         if self.fsync:
-            fsync_dir(self.folder)
+            try:
+                fsync_dir(self.folder)
+            except OSError as e:  # its entry may not last: write on in the current segment
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise _not_durable(e) from e
+        self.close()
+        self._fd, self._path = fd, path
+        self._offset = os.lseek(fd, 0, os.SEEK_END)
 
     def append(self, payload: bytes) -> int:
         """Write one record (not yet durable); on failure nothing of it stays in the file."""
@@ -167,17 +204,25 @@ class WriteAheadLog:
         """Delete segments whose records all have sequence numbers <= seq."""
         segments = self.segments()
         for segment, following in zip(segments, segments[1:]):
-            if int(following.name[: -len(SUFFIX)]) <= seq + 1:
+            if _first_seq(following) <= seq + 1:
                 segment.unlink()
 
     def _open(self, path: Path) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._path = path
         self._offset = os.lseek(self._fd, 0, os.SEEK_END)
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
-            self._fd = None
+            self._fd = self._path = None
+
+
+def _first_seq(segment: Path) -> int:
+    try:
+        return int(segment.name[: -len(SUFFIX)])
+    except ValueError:
+        raise CorruptLog(f"{segment}: not a log segment (its name is not a sequence number)") from None
 
 
 def _not_durable(e: OSError) -> NotDurable:
