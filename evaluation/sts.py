@@ -53,6 +53,18 @@ def stsb_dev_spearman(encode: Embedder | Encode, data_dir: str | Path | None) ->
     return score_task(load_task("STSBenchmark-dev", data_dir), encode)
 
 
+ScorePairs = Callable[[list[str], list[str]], np.ndarray]
+
+
+def stsb_dev_pair_spearman(score_pairs: ScorePairs, data_dir: str | Path | None) -> float:
+    """STS-B dev Spearman × 100 of a cross-encoder's own pair scores (no cosine): its model selection."""
+    if data_dir is None:
+        raise ValueError("STS-B dev needs a data_dir")
+    task = load_task("STSBenchmark-dev", data_dir)
+    scores = np.asarray(score_pairs(task.sentences1, task.sentences2), dtype=np.float64)
+    return float(100 * spearmanr(scores, task.scores).statistic)
+
+
 def evaluate_sts(
     embedder: Embedder | Encode, *, data_dir: str | Path, tasks: tuple[str, ...] | list[str] = TASKS
 ) -> dict[str, float]:

@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 MANIFEST_FILE = "manifest.json"
 GRAPH_FILE = "model.onnx"
 FORMAT_VERSION = 1
+#: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
+EMBEDDING, CROSS_ENCODER = "embedding", "cross-encoder"
+SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]
 
 
 class Manifest(BaseModel):
@@ -20,6 +23,8 @@ class Manifest(BaseModel):
     name: str = Field(description="export name, reported by the service as `model`")
     base_model: str
     method: str | None = Field(None, description="training objective, None for a plain export")
+    kind: str = Field(EMBEDDING, description=f"{EMBEDDING!r} (served at /embed, ...) or {CROSS_ENCODER!r} "
+                      "(a pair scorer, served at /rerank only; `dimension` is 1, the score)")
     pooling: str
     dimension: int
     max_seq_length: int

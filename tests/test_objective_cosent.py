@@ -1,4 +1,5 @@
-"""CoSENT: the ranking loss against an independent numpy computation, siamese and cross-encoder."""
+"""CoSENT: the ranking loss against an independent numpy computation, siamese and cross-encoder
+(the cross-encoder's training, export and serving: tests/test_cross_encoder.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from training.data import ScoredPair
-from training.objectives import _REGISTRY, get_objective
 from training.objectives import cosent as cosent_mod
+from training.objectives import get_objective
 from training.objectives.cosent import CoSENT, CoSENTCrossEncoder, cosent_loss
 
 SENTS = [
@@ -69,7 +70,7 @@ def test_all_equal_labels_give_exactly_zero_and_no_gradient():
 def test_registry_and_attributes(tiny_encoder):
     assert get_objective("cosent") is CoSENT
     assert CoSENT.data_kind == "scored" and CoSENT(tiny_encoder).batch_sampler is None
-    assert "CoSENTCrossEncoder" not in [cls for _, cls in _REGISTRY.values()]  # no sentence embeddings
+    assert get_objective("cosent-cross") is CoSENTCrossEncoder  # Eq. 11: a pair scorer, exported for /rerank
     obj = CoSENT(tiny_encoder)
     assert obj.scale == 20.0 and obj.encoder.pooling == "mean"
     tiny_encoder.pooling = "cls"
@@ -140,21 +141,23 @@ def test_distributed_gather_ranks_the_global_batch(monkeypatch):
 
 def test_cross_encoder_reads_the_pair_and_matches_numpy(tiny_encoder):
     model = CoSENTCrossEncoder(tiny_encoder).eval()
+    scorer = model.inference_encoder()
     batch = model.collate(EXAMPLES)
     feats = batch["features"]
     # one sequence per pair: [CLS] s1 [SEP] s2 [SEP], the second segment marked by token type 1
     assert feats["input_ids"].shape[0] == len(EXAMPLES)
     assert (feats["token_type_ids"] == 1).any(dim=1).all()
-    logits = model.logits(feats)
+    logits = scorer(**feats)
     assert logits.shape == (len(EXAMPLES),)
     # the logit is linear(CLS) of the pair encoding, computed here by hand
     cls = tiny_encoder.transformer(**feats).last_hidden_state[:, 0]
-    by_hand = cls @ model.classifier.weight[0] + model.classifier.bias[0]
+    by_hand = cls @ scorer.classifier.weight[0] + scorer.classifier.bias[0]
     assert torch.allclose(logits, by_hand, atol=1e-5)
     out = model(batch)
     expected = ref_cosent(logits.tolist(), [e.label for e in EXAMPLES])
     assert out["loss"].item() == pytest.approx(expected, rel=1e-4)
-    assert torch.allclose(model.predict([(e.sentence1, e.sentence2) for e in EXAMPLES]), logits, atol=1e-5)
+    scores = scorer.score_pairs([e.sentence1 for e in EXAMPLES], [e.sentence2 for e in EXAMPLES])
+    assert np.allclose(scores, logits.detach().numpy(), atol=1e-5)
 
 
 def test_cross_encoder_one_step_lowers_loss(tiny_encoder):

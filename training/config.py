@@ -91,6 +91,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # Larger steps than the paper's (2e-5, batch 16): two epochs must fit in minutes on a CPU.
         "cosent": dict(train_data="stsb:train", batch_size=32, lr=5e-5, weight_decay=0.01, warmup_ratio=0.1,
                        epochs=2, eval_every=60),
+        # The cross-encoder's head starts random: one epoch at the siamese quick settings (CPU minutes).
+        "cosent-cross": dict(train_data="stsb:train", batch_size=32, lr=5e-5, weight_decay=0.01, warmup_ratio=0.1,
+                             epochs=1, eval_every=60),
         # SNLI dev+test (6.7k entailment pairs) is the offline stand-in for "nli:train".
         "clsr": dict(train_data="snli:dev+test", batch_size=512, lr=1e-3, epochs=30, schedule="cosine",
                      warmup_ratio=0.05, eval_every=25, max_grad_norm=None),
@@ -109,6 +112,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # Its other sets: train_data="paws", "mrpc", "sick", "nli" (0/1/2; §IV-C: 1 epoch, batch 64).
         "cosent": dict(base_model="bert-base-uncased", train_data="stsb:train", batch_size=16, lr=2e-5,
                        weight_decay=0.01, warmup_ratio=0.1, epochs=4),
+        # CoSENT §IV-C / §IV-E (interaction-based): the same settings as the siamese model, on STS-B.
+        "cosent-cross": dict(base_model="bert-base-uncased", train_data="stsb:train", batch_size=16, lr=2e-5,
+                             weight_decay=0.01, warmup_ratio=0.1, epochs=4),
         # CLSR §4.1: SNLI + MultiNLI train entailment pairs (314,315), batch 512, 2000 epochs, lr 0.5,
         # decay 1e-4, 10 warm-up epochs, cosine decay: SimCLR's recipe, whose optimiser is LARS.
         # Selected on STS-B dev once an epoch (613 steps), not every 125 steps.

@@ -1,8 +1,10 @@
 """Export a SentenceEncoder to a servable directory: model.onnx + tokenizer + manifest.json.
 
 The graph holds the whole embedding path (transformer, pooling, head, L2 normalisation), so the
-service only tokenises and runs it. Every export is checked against torch on padded batches of
-mixed lengths before the manifest is written: a directory with a manifest is a verified export.
+service only tokenises and runs it. A CrossEncoder (CoSENT Eq. 11) exports instead as a graph from
+the tokenised pair to one score per pair, its manifest's kind "cross-encoder" (served at /rerank).
+Every export is checked against torch on padded batches of mixed lengths before the manifest is
+written: a directory with a manifest is a verified export.
 
     python -m training.export --model <HF dir or name | default> --out models/<name>
 """
@@ -10,6 +12,7 @@ mixed lengths before the manifest is written: a directory with a manifest is a v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import shutil
 import sys
@@ -21,8 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.manifest import GRAPH_FILE, Manifest, sha256_file
+from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from training import quantize
+from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
 from training.data import find_source_dir, read_stsb
 from training.default_model import model_label, resolve_model
 from training.encoder import POOLINGS, SentenceEncoder
@@ -65,7 +69,7 @@ class _ExportGraph(nn.Module):
         return nn.functional.normalize(raw, p=2, dim=-1), raw
 
 
-def _input_names(encoder: SentenceEncoder) -> list[str]:
+def _input_names(encoder: SentenceEncoder | CrossEncoder) -> list[str]:
     names = ["input_ids", "attention_mask"]
     return names + ["token_type_ids"] if encoder.uses_token_type_ids else names
 
@@ -99,7 +103,7 @@ def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = P
 
 
 def export_onnx(
-    encoder: SentenceEncoder,
+    encoder: SentenceEncoder | CrossEncoder,
     out_dir: str | Path,
     *,
     name: str | None = None,
@@ -112,40 +116,25 @@ def export_onnx(
 ) -> Manifest:
     """Write the export directory atomically: a failed parity check leaves nothing behind.
 
-    Beside the fp32 graph, an int8 variant (training/quantize.py) with its measured quality; given a
+    A CrossEncoder exports as a pair scorer (manifest kind "cross-encoder"). Beside an embedding
+    model's fp32 graph, an int8 variant (training/quantize.py) with its measured quality; given a
     `data_dir` holding STS-B dev, one that loses more than `max_stsb_drop` Spearman points is left out.
     """
     out_dir = Path(out_dir)
+    if isinstance(encoder, CrossEncoder):
+        return _export_cross_encoder(encoder, out_dir, name=name, method=method, training=training,
+                                     tolerance=tolerance)
     encoder = encoder.to("cpu").eval()
     input_names = _input_names(encoder)
-    dummy = _feeds(encoder, ["a short one", "a somewhat longer sentence to force padding"])
-    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
-    dynamic_axes.update({n: {0: "batch"} for n in OUTPUTS})
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from a non-root service user
-    try:
+    with _staged(out_dir) as staging:
         graph_path = staging / GRAPH_FILE
-        with torch.no_grad():
-            torch.onnx.export(
-                _ExportGraph(encoder),
-                tuple(dummy[n] for n in input_names),
-                str(graph_path),
-                input_names=input_names,
-                output_names=OUTPUTS,
-                dynamic_axes=dynamic_axes,
-                opset_version=OPSET,
-                do_constant_folding=True,
-                dynamo=False,  # the TorchScript exporter handles HF attention masks without onnxscript
-            )
+        _trace(_ExportGraph(encoder), _feeds(encoder, ["a short one", "a somewhat longer sentence to force padding"]),
+               input_names, OUTPUTS, graph_path)
         _fix_output_dims(graph_path, encoder.dim)
         diff = check_parity(encoder, graph_path)
         if not diff <= tolerance:
             raise ParityError(f"ONNX and torch differ by {diff:.2e} (> {tolerance:.0e}); export discarded")
-        encoder.tokenizer.save_pretrained(staging)
-        if not (staging / "tokenizer.json").is_file():
-            raise ValueError("the export needs a fast tokenizer (tokenizer.json); this model has none")
+        _save_tokenizer(encoder.tokenizer, staging)
         tok = encoder.tokenizer
         manifest = Manifest(
             name=name or out_dir.name,
@@ -171,11 +160,121 @@ def export_onnx(
         if int8:
             manifest.variants.update(_int8_variant(encoder, staging, data_dir, max_stsb_drop))
         manifest.save(staging)
+    return manifest
+
+
+@contextlib.contextmanager
+def _staged(out_dir: Path):
+    """A sibling folder to write into, renamed to `out_dir` only if the block succeeds."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from a non-root service user
+    try:
+        yield staging
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _trace(module: nn.Module, feeds: dict[str, torch.Tensor], input_names: list[str], output_names: list[str],
+           graph_path: Path) -> None:
+    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    dynamic_axes.update({n: {0: "batch"} for n in output_names})
+    with torch.no_grad():
+        torch.onnx.export(
+            module,
+            tuple(feeds[n] for n in input_names),
+            str(graph_path),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,  # the TorchScript exporter handles HF attention masks without onnxscript
+        )
+
+
+def _save_tokenizer(tokenizer, staging: Path) -> None:
+    tokenizer.save_pretrained(staging)
+    if not (staging / "tokenizer.json").is_file():
+        raise ValueError("the export needs a fast tokenizer (tokenizer.json); this model has none")
+
+
+# --- cross-encoder: one score per (query, text) pair, served at /rerank ----------------------------
+
+#: mixed lengths, one pair past any max_seq_length (truncation, longest side first)
+PARITY_PAIRS = [(PARITY_SENTENCES[i], PARITY_SENTENCES[j]) for i, j in ((0, 1), (1, 0), (2, 3), (4, 0), (5, 2), (3, 3))]
+GOLDEN_PAIRS = [(GOLDEN_SENTENCES[0], GOLDEN_SENTENCES[1]), (GOLDEN_SENTENCES[0], GOLDEN_SENTENCES[2]),
+                (GOLDEN_SENTENCES[2], GOLDEN_SENTENCES[1])]
+
+
+class _ScoreGraph(nn.Module):
+    def __init__(self, scorer: CrossEncoder):
+        super().__init__()
+        self.scorer = scorer
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        return self.scorer(input_ids, attention_mask, token_type_ids)
+
+
+def _pair_feeds(scorer: CrossEncoder, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    batch = scorer.tokenize([a for a, _ in pairs], [b for _, b in pairs])
+    return {name: batch[name] for name in _input_names(scorer)}
+
+
+def check_pair_parity(scorer: CrossEncoder, onnx_path: Path, pairs: list[tuple[str, str]] = PARITY_PAIRS) -> float:
+    """Max |onnx − torch| of the scores of one padded batch of pairs of mixed lengths."""
+    import onnxruntime as ort
+
+    feeds = _pair_feeds(scorer, pairs)
+    with torch.no_grad():
+        expected = _ScoreGraph(scorer).eval()(**feeds).numpy()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    (got,) = session.run([SCORE_OUTPUT], {k: v.numpy().astype(np.int64) for k, v in feeds.items()})
+    return float(np.abs(got - expected).max())
+
+
+def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | None, method: str | None,
+                          training: dict[str, Any] | None, tolerance: float) -> Manifest:
+    """The graph takes the tokenised pair (as the service's pair tokenisation gives it) and returns
+    the logit f(i, j), [batch]. No int8 variant: its quality check measures embeddings."""
+    scorer = scorer.to("cpu").eval()
+    input_names = _input_names(scorer)
+    with _staged(out_dir) as staging:
+        graph_path = staging / GRAPH_FILE
+        _trace(_ScoreGraph(scorer), _pair_feeds(scorer, PARITY_PAIRS[:2]), input_names, [SCORE_OUTPUT], graph_path)
+        diff = check_pair_parity(scorer, graph_path)
+        if not diff <= tolerance:
+            raise ParityError(f"ONNX and torch scores differ by {diff:.2e} (> {tolerance:.0e}); export discarded")
+        _save_tokenizer(scorer.tokenizer, staging)
+        with torch.no_grad():
+            golden = _ScoreGraph(scorer)(**_pair_feeds(scorer, GOLDEN_PAIRS)).numpy()
+        tok = scorer.tokenizer
+        manifest = Manifest(
+            name=name or out_dir.name,
+            base_model=scorer.base_model,
+            method=method,
+            kind=CROSS_ENCODER,
+            pooling="cls",  # the head reads the [CLS] state
+            dimension=1,
+            max_seq_length=scorer.max_seq_length,
+            opset=OPSET,
+            pad_token=tok.pad_token,
+            pad_token_id=tok.pad_token_id,
+            inputs=input_names,
+            outputs=[SCORE_OUTPUT],
+            onnx_sha256=sha256_file(graph_path),
+            created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            parity_max_abs_diff=diff,
+            batch_invariant=True,
+            golden={"pairs": [list(p) for p in GOLDEN_PAIRS],
+                    "scores": np.round(golden.astype(np.float64), 7).tolist()},
+            training=training,
+        )
+        manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
+        manifest.save(staging)
     return manifest
 
 
@@ -218,8 +317,13 @@ def main(argv: list[str] | None = None) -> int:
                         "variant's STS-B dev Spearman is measured and checked")
     args = parser.parse_args(argv)
 
-    encoder = SentenceEncoder.from_pretrained(resolve_model(args.model), args.pooling, args.max_seq_length)
-    encoder.base_model = model_label(args.model)  # not a site-packages path for the default
+    model_dir = resolve_model(args.model)
+    if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
+        encoder = CrossEncoder.from_pretrained(model_dir)
+        encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
+    else:
+        encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length)
+        encoder.base_model = model_label(args.model)  # not a site-packages path for the default
     manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")

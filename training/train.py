@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from training.config import PRESETS, TrainConfig, make_config
+from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
 from training.default_model import model_label
 from training.encoder import SentenceEncoder
 from training.export import export_onnx
@@ -90,7 +91,8 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
     result = train(cfg, run_dir, log=log)
     if not result.is_main:
         return None
-    encoder = SentenceEncoder.from_pretrained(result.best_dir)
+    load = CrossEncoder if is_cross_encoder_dir(result.best_dir) else SentenceEncoder
+    encoder = load.from_pretrained(result.best_dir)
     encoder.base_model = model_label(cfg.base_model)
     export_dir = cfg.models_dir / f"{cfg.method}-{stamp}"
     training_info = {

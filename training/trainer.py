@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
 from training.config import TrainConfig
+from training.cross_encoder import CrossEncoder
 from training.data import load_examples
 from training.default_model import model_label, resolve_model
 from training.encoder import SentenceEncoder
@@ -105,10 +106,12 @@ def _lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-def dev_spearman(encoder: SentenceEncoder, data_dir: Path | None) -> float:
-    """STS-B dev Spearman × 100, through the evaluation harness's own code."""
-    from evaluation.sts import stsb_dev_spearman
+def dev_spearman(encoder: SentenceEncoder | CrossEncoder, data_dir: Path | None) -> float:
+    """STS-B dev Spearman × 100, through the evaluation harness's own code (a cross-encoder: of its scores)."""
+    from evaluation.sts import stsb_dev_pair_spearman, stsb_dev_spearman
 
+    if isinstance(encoder, CrossEncoder):
+        return stsb_dev_pair_spearman(lambda a, b: encoder.score_pairs(a, b, batch_size=128), data_dir)
     return stsb_dev_spearman(lambda texts: encoder.encode(texts, batch_size=128), data_dir)
 
 

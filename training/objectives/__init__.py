@@ -12,6 +12,7 @@ _REGISTRY = {
     "conisi": ("training.objectives.conisi", "ConIsI"),
     "clsr": ("training.objectives.clsr", "CLSR"),
     "cosent": ("training.objectives.cosent", "CoSENT"),
+    "cosent-cross": ("training.objectives.cosent", "CoSENTCrossEncoder"),  # a pair scorer, served at /rerank
     "infocse": ("training.objectives.infocse", "InfoCSE"),
 }
 METHODS = tuple(_REGISTRY)

@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from training.cross_encoder import CrossEncoder
 from training.data import ScoredPair
 from training.distributed import gather_with_grad, is_distributed
 from training.encoder import SentenceEncoder
@@ -115,51 +115,39 @@ class CoSENT(Objective):
         return {"loss": loss, "mean_cos": cos.detach().mean()}
 
 
-class CoSENTCrossEncoder(nn.Module):
-    """Interaction-based CoSENT (§III-B-3, Eq. 11; Fig. 2c): the transformer reads the pair
-    "[CLS] s1 [SEP] s2 [SEP]", the [CLS] state goes through a linear layer to one logit f(i, j), and
-    the same ranking loss is applied to the logits. At inference the logit is the similarity score.
+class CoSENTCrossEncoder(Objective):
+    """Interaction-based CoSENT (§III-B-3, Eq. 11; Fig. 2c): the ranking loss over cross-encoder logits,
 
-    Not a METHOD: it scores pairs and produces no sentence embedding, so it cannot be exported to
-    the embedding service. It follows the objective's collate/forward shape so the same loop can
-    drive it. `dropout` before the linear layer follows the usual sequence-classification head
-    (the paper does not describe the head beyond "fully connected layer").
+        f(i, j) = linear([CLS] of "[CLS] s_i [SEP] s_j [SEP]")     (training/cross_encoder.py)
+        L = log(1 + Σ_{sim(i,j) > sim(k,l)} exp(λ (f(k,l) − f(i,j))))          (Eq. 11)
+
+    λ = 20 as for Eq. 10 (§IV-C gives one λ for every dataset). At inference the logit itself is the
+    similarity score (§III-C), so the model selected on STS-B dev and exported is the pair scorer,
+    `inference_encoder()`: the export serves it at /rerank, not as embeddings. `batch_sampler` as
+    for the siamese CoSENT.
     """
 
+    name: ClassVar[str] = "cosent-cross"
     data_kind: ClassVar[str] = "scored"
-    batch_sampler: ClassVar[str | None] = "mixed_labels"
 
-    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, dropout: float = 0.1):
-        super().__init__()
-        self.encoder = encoder
+    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, dropout: float = 0.1,
+                 batch_sampler: str | None = None):
+        super().__init__(encoder)
+        if batch_sampler is not None and batch_sampler not in SAMPLERS:
+            raise ValueError(f"unknown batch sampler {batch_sampler!r}; choose from {', '.join(SAMPLERS)} or None")
+        self.batch_sampler = batch_sampler
         self.scale = scale
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(encoder.transformer.config.hidden_size, 1)
+        self.scorer = CrossEncoder.from_encoder(encoder, dropout)
 
     def collate(self, examples: list[ScoredPair]) -> dict[str, Any]:
-        features = self.encoder.tokenize([e.sentence1 for e in examples], [e.sentence2 for e in examples])
         return {
-            "features": {k: v for k, v in features.items() if k in _MODEL_INPUTS},
+            "features": self.scorer.tokenize([e.sentence1 for e in examples], [e.sentence2 for e in examples]),
             "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
         }
 
-    def logits(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        """f(i, j) for each pair: [B]."""
-        out = self.encoder.transformer_outputs(**features)
-        cls = out.last_hidden_state[:, 0]
-        return self.classifier(self.dropout(cls)).squeeze(-1)
-
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        f = self.logits(batch["features"])
+        f = self.scorer(**batch["features"])
         return {"loss": _gathered_loss(f, batch["labels"], self.scale), "mean_logit": f.detach().mean()}
 
-    @torch.no_grad()
-    def predict(self, pairs: list[tuple[str, str]]) -> torch.Tensor:
-        """Similarity scores (logits) for sentence pairs, in eval mode."""
-        was_training = self.training
-        self.eval()
-        batch = self.collate([ScoredPair(a, b, 0.0) for a, b in pairs])
-        device = self.classifier.weight.device
-        f = self.logits({k: v.to(device) for k, v in batch["features"].items()})
-        self.train(was_training)
-        return f.cpu()
+    def inference_encoder(self) -> CrossEncoder:  # type: ignore[override]  # a pair scorer, no embeddings
+        return self.scorer

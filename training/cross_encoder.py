@@ -1,0 +1,107 @@
+"""The interaction-based (cross-encoder) scorer of CoSENT §III-B-3 (Fig. 2c): one score per sentence pair.
+
+    "[CLS] s1 [SEP] s2 [SEP]" → transformer → [CLS] state → dropout → linear → f(s1, s2)
+
+It gives no sentence embedding, so it is its own model beside SentenceEncoder: it saves as the
+transformer's HF directory plus `cross_encoder.json` and the head's weights in safetensors (no
+pickle), and training/export.py turns it into a graph that returns one score per pair.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from training.encoder import SentenceEncoder
+
+CONFIG_FILE = "cross_encoder.json"
+HEAD_FILE = "score_head.safetensors"
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def is_cross_encoder_dir(path: str | Path) -> bool:
+    return (Path(path) / CONFIG_FILE).is_file()
+
+
+class CrossEncoder(nn.Module):
+    """transformer → [CLS] → linear: `forward` returns the logit f(i, j) of each pair, [B].
+
+    `dropout` before the linear layer follows the usual sequence-classification head (the paper
+    says only "fully connected layer"); it is active in training mode only.
+    """
+
+    def __init__(self, transformer: nn.Module, tokenizer, max_seq_length: int, dropout: float = 0.1,
+                 base_model: str = ""):
+        super().__init__()
+        self.transformer = transformer
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.dropout_p = dropout
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(transformer.config.hidden_size, 1)
+        self.base_model = base_model
+
+    @classmethod
+    def from_encoder(cls, encoder: SentenceEncoder, dropout: float = 0.1) -> CrossEncoder:
+        """A fresh head on the encoder's transformer (shared, not copied: training updates both)."""
+        return cls(encoder.transformer, encoder.tokenizer, encoder.max_seq_length, dropout, encoder.base_model)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> CrossEncoder:
+        path = Path(path)
+        config = json.loads((path / CONFIG_FILE).read_text())
+        encoder = SentenceEncoder.from_pretrained(path, max_seq_length=config["max_seq_length"])
+        model = cls(encoder.transformer, encoder.tokenizer, encoder.max_seq_length, config["dropout"],
+                    config.get("base_model", ""))
+        model.classifier.load_state_dict(load_file(path / HEAD_FILE))
+        return model
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(out_dir)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.classifier.state_dict().items()},
+                  out_dir / HEAD_FILE)
+        (out_dir / CONFIG_FILE).write_text(json.dumps({"max_seq_length": self.max_seq_length,
+                                                       "dropout": self.dropout_p, "base_model": self.base_model}))
+
+    @property
+    def device(self) -> torch.device:
+        return self.classifier.weight.device
+
+    @property
+    def uses_token_type_ids(self) -> bool:
+        return "token_type_ids" in self.tokenizer.model_input_names
+
+    def tokenize(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
+        """Each pair as one sequence, padded to the batch's longest; too long: the longer side is cut first."""
+        batch = self.tokenizer(first, second, padding=True, truncation="longest_first",
+                               max_length=self.max_seq_length, return_tensors="pt")
+        return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        cls = self.transformer(**kwargs, return_dict=True).last_hidden_state[:, 0]
+        return self.classifier(self.dropout(cls)).squeeze(-1)
+
+    @torch.no_grad()
+    def score_pairs(self, first: list[str], second: list[str], batch_size: int = 64) -> np.ndarray:
+        """f(first[i], second[i]) for each i, in eval mode, in length-sorted batches."""
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-(len(a) + len(b)) for a, b in zip(first, second)], kind="stable")
+        out = np.zeros(len(first), dtype=np.float32)
+        for start in range(0, len(first), batch_size):
+            idx = order[start : start + batch_size]
+            feats = self.tokenize([first[i] for i in idx], [second[i] for i in idx])
+            out[idx] = self(**{k: v.to(self.device) for k, v in feats.items()}).float().cpu().numpy()
+        self.train(was_training)
+        return out
