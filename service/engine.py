@@ -60,6 +60,10 @@ class QueueDeadline(EngineError):
     pass
 
 
+class WrongModelType(EngineError):
+    """Embeddings asked of a reranker (cross-encoder), or pair scores of an embedding model."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch_tokens: int = 16384  # TEI's default; counted with padding
@@ -125,6 +129,21 @@ class Engine:
     async def embed(self, texts: list[str] | list[list[int]], *, normalize: bool = True, truncate: bool | None = None,
                     truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
         """Texts, or inputs already tokenised as the model's own token ids (taken as they are)."""
+        if self.info.is_cross_encoder:
+            raise WrongModelType(f"model {self.info.model} is a reranker (cross-encoder): it scores (query, text) "
+                                 "pairs at /rerank and gives no embeddings")
+        return await self._infer(texts, None, normalize, truncate, truncation_direction, timeout_s)
+
+    async def rerank(self, query: str, texts: list[str], *, truncate: bool | None = None,
+                     truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
+        """A cross-encoder's score of each (query, text) pair, in `vectors[:, 0]`: the same queue and passes
+        as embeddings, each pair tokenised as one sequence."""
+        if not self.info.is_cross_encoder:
+            raise WrongModelType(f"model {self.info.model} is not a re-ranker (cross-encoder)")
+        return await self._infer(texts, query, False, truncate, truncation_direction, timeout_s)
+
+    async def _infer(self, texts: list[str] | list[list[int]], query: str | None, normalize: bool,
+                     truncate: bool | None, truncation_direction: str, timeout_s: float | None) -> EmbedResult:
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
         n = len(texts)
@@ -138,7 +157,8 @@ class Engine:
         self._permits -= n
         # Small requests are tokenised right here: a thread hop costs more than their tokenisation.
         given_ids = bool(texts) and not isinstance(texts[0], str)
-        pooled = not given_ids and sum(map(len, texts)) > INLINE_TOKENIZATION_CHARS
+        pair_chars = len(query) * n if query is not None else 0
+        pooled = not given_ids and sum(map(len, texts)) + pair_chars > INLINE_TOKENIZATION_CHARS
         if pooled:
             self.queue.expect()
         queued = False
@@ -151,9 +171,9 @@ class Engine:
                     items = self._from_ids(texts, truncate)
                 elif pooled:
                     items = await loop.run_in_executor(self._tokenizers, self._tokenize, texts, truncate,
-                                                       truncation_direction)
+                                                       truncation_direction, query)
                 else:
-                    items = self._tokenize(texts, truncate, truncation_direction)
+                    items = self._tokenize(texts, truncate, truncation_direction, query)
             finally:
                 tokenization_s = time.perf_counter() - start
             future = loop.create_future()
@@ -191,23 +211,31 @@ class Engine:
             items.append(Tokenized(list(ids[:limit]), None, len(ids)))
         return items
 
-    def check_texts(self, texts: list[str]) -> None:
+    def check_texts(self, texts: list[str], field: str = "inputs") -> None:
         """Refuse text no tokenizer can take (a lone UTF-16 surrogate) with the index of the culprit."""
         for i, text in enumerate(texts):
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise InvalidInput(f"inputs[{i}] is not valid Unicode: {e.reason} at character {e.start}") from None
+                raise InvalidInput(f"{field}[{i}] is not valid Unicode: {e.reason} at character {e.start}") from None
 
-    def _tokenize(self, texts: list[str], truncate: bool, truncation_direction: str = "right") -> list[Tokenized]:
-        """Every input is checked here, before it can share a pass with others."""
-        self.check_texts(texts)
-        items = self.backend.tokenize(texts, truncation_direction)
+    def _tokenize(self, texts: list[str], truncate: bool, truncation_direction: str = "right",
+                  query: str | None = None) -> list[Tokenized]:
+        """Every input is checked here, before it can share a pass with others; with a query, each
+        (query, text) pair becomes one sequence."""
+        if query is None:
+            self.check_texts(texts)
+            items = self.backend.tokenize(texts, truncation_direction)
+        else:
+            self.check_texts([query], "query")
+            self.check_texts(texts, "texts")
+            items = self.backend.tokenize_pairs(query, texts, truncation_direction)
         if not truncate:
             limit = self.info.max_seq_length
+            what = "inputs" if query is None else "the query with texts"
             for i, item in enumerate(items):
                 if item.truncated:
-                    raise InputTooLong(f"inputs[{i}] has {item.original_tokens} tokens; the model takes at most "
+                    raise InputTooLong(f"{what}[{i}] has {item.original_tokens} tokens; the model takes at most "
                                        f"{limit}: shorten it, or send truncate=true to cut it to {limit}")
         return items
 

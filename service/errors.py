@@ -39,6 +39,7 @@ _ENGINE_ERRORS: list[tuple[type[Exception], int, str]] = [
     (engine.NotReady, 503, "Unhealthy"),
     (engine.QueueDeadline, 503, "Overloaded"),
     (engine.InferenceFailed, 424, "Backend"),
+    (engine.WrongModelType, 424, "Backend"),  # as TEI answers /embed on a reranker and /rerank on an embedder
 ]
 _OPENAI_TYPES = {"Overloaded": "rate_limit_error", "Unhealthy": "server_error", "Backend": "server_error",
                  "Internal": "server_error"}  # the rest: invalid_request_error
@@ -50,7 +51,8 @@ _STATUS_MEANINGS = {400: "the body could not be read", 401: "no or wrong API key
                     404: "no such model, collection, document or route", 408: "headers or body too slow",
                     409: "collection exists, is being rebuilt, or was embedded by another model",
                     413: "body over max_request_bytes", 415: "body not labelled JSON", 422: "invalid request",
-                    424: "the model failed on an input", 429: "no free permit: retry after Retry-After",
+                    424: "the model failed on an input, or is of the wrong type for the route (a reranker "
+                         "gives no embeddings)", 429: "no free permit: retry after Retry-After",
                     503: "not ready, shutting down, queued past the deadline, or the index log unavailable",
                     507: "the index volume is full: the write was not applied"}
 #: every route may answer these (documented once, on the app: the guard applies them everywhere)

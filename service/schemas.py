@@ -71,13 +71,15 @@ class SimilarityRequest(_TeiRequest):
 
 
 class RerankRequest(_TeiRequest):
-    """TEI's /rerank body; a bi-encoder export scores each text by cosine similarity to the query."""
+    """TEI's /rerank body; a cross-encoder export scores each (query, text) pair, a bi-encoder export
+    each text by cosine similarity to the query."""
 
     query: str = Field(examples=["What is Deep Learning?"])
     texts: list[str] = Field(min_length=1, examples=[["Deep Learning is a kind of machine learning.", "Cheese."]])
     truncate: StrictBool | None = None
     truncation_direction: TruncationDirection = "Right"
-    raw_scores: StrictBool = Field(False, description="accepted for TEI clients; cosine scores are the raw scores")
+    raw_scores: StrictBool = Field(False, description="a cross-encoder's logits instead of their sigmoid; "
+                                   "cosine scores (bi-encoder) are the raw scores")
     return_text: StrictBool = False
 
 

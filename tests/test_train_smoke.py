@@ -17,6 +17,7 @@ SMOKE = {
     "infocse": dict(train_data="text:corpus/wordnet-sentences.txt", train_limit=64, batch_size=16, lr=1e-3,
                     objective={"stage1_steps": 3}),
     "cosent": dict(train_data="stsb:train", train_limit=64, batch_size=16, lr=1e-3, warmup_ratio=0.0),
+    "cosent-cross": dict(train_data="stsb:train", train_limit=64, batch_size=16, lr=1e-3, warmup_ratio=0.0),
     "clsr": dict(train_data="stsb:train+dev", train_limit=64, batch_size=16, lr=1e-3, warmup_ratio=0.0,
                  schedule="constant"),
 }
@@ -56,6 +57,10 @@ def test_method_trains_and_exports_a_servable_model(method, tiny_model_dir, shar
     from service.settings import Settings
 
     with TestClient(create_app(Settings(model_dir=export_dir))) as client:
+        if manifest.get("kind") == "cross-encoder":  # a pair scorer: /rerank (tests/test_cross_encoder.py)
+            hits = client.post("/rerank", json={"query": "a trained model", "texts": ["ranks", "texts"]}).json()
+            assert sorted(h["index"] for h in hits) == [0, 1]
+            return
         r = client.post("/embed", json={"inputs": ["a trained model", "serves embeddings"]})
         assert r.status_code == 200
         vectors = np.array(r.json())

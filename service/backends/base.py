@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from service.manifest import CROSS_ENCODER, EMBEDDING
+
 
 @dataclass(slots=True)
 class Tokenized:
@@ -40,6 +42,11 @@ class BackendInfo:
     manifest: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids a client sends must be below it
     graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
+    kind: str = EMBEDDING  # or CROSS_ENCODER: `run` gives one score per row, as a [n, 1] "vector"
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return self.kind == CROSS_ENCODER
 
 
 class Backend(Protocol):
@@ -50,11 +57,15 @@ class Backend(Protocol):
         """Truncated to info.max_seq_length, cutting the end (right) or the start (left);
         `original_tokens` keeps the untruncated count."""
 
+    def tokenize_pairs(self, query: str, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
+        """(query, text) pairs as one sequence each, for a cross-encoder; too long: the longer side is cut."""
+
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict[str, Any]]]:
         """TEI's /tokenize answer: per text, each token's id, text, special flag and character span."""
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim]."""
+        """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim];
+        a cross-encoder's scores as both, [n, 1]."""
 
     def warmup(self) -> None: ...
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from service.backends.base import BackendError, BackendInfo, Tokenized, pad_batch, padded_length
-from service.manifest import GRAPH_FILE, Manifest, sha256_file
+from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 
 log = logging.getLogger("sembed.backend")
 
@@ -32,6 +32,9 @@ class OnnxBackend:
     CPU's kernels, so `pad_to_multiple_of=0` measures it at start (`calibrate_padding`). Exports
     from before `batch_invariant` also pool differently for a batch of one row: those get a
     padding row.
+
+    A cross-encoder export (manifest kind "cross-encoder") takes tokenised (query, text) pairs and
+    gives one score per row; `run` returns it as a [n, 1] array in both places of the pair.
     """
 
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
@@ -51,6 +54,8 @@ class OnnxBackend:
                 raise IntegrityError(f"{graph} sha256 {digest} does not match manifest {entry['sha256']}")
         self._golden_embeddings = (self.manifest.golden or {}).get("embeddings") if variant == "fp32" else \
             entry.get("quality", {}).get("golden_embeddings")
+        self.cross_encoder = self.manifest.kind == CROSS_ENCODER
+        self._outputs = [SCORE_OUTPUT] if self.cross_encoder else OUTPUTS
 
         max_len = self.manifest.max_seq_length
         self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
@@ -59,6 +64,9 @@ class OnnxBackend:
         self._tokenizer_left = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
         self._tokenizer_left.no_padding()
         self._tokenizer_left.enable_truncation(max_length=max_len, direction="left")
+        self._tokenizer_full = Tokenizer.from_file(str(export_dir / "tokenizer.json"))  # counts a cut pair
+        self._tokenizer_full.no_padding()
+        self._tokenizer_full.no_truncation()
         self.pad_id = self.manifest.pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self._needs_type_ids = "token_type_ids" in self.manifest.inputs
@@ -97,7 +105,8 @@ class OnnxBackend:
         self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
-                                vocab_size=self.tokenizer.get_vocab_size(), graph_sha256=entry["sha256"])
+                                vocab_size=self.tokenizer.get_vocab_size(), graph_sha256=entry["sha256"],
+                                kind=self.manifest.kind)
 
     def _variant_entry(self, variant: str) -> dict:
         variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}
@@ -117,6 +126,18 @@ class OnnxBackend:
             out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
         return out
 
+    def tokenize_pairs(self, query: str, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
+        return self._tokenize_pairs([(query, text) for text in texts], truncation_direction)
+
+    def _tokenize_pairs(self, pairs: list[tuple[str, str]], truncation_direction: str = "right") -> list[Tokenized]:
+        tokenizer = self._tokenizer_left if truncation_direction == "left" else self.tokenizer
+        out = []
+        for pair, enc in zip(pairs, tokenizer.encode_batch(pairs)):
+            # a cut pair's overflow pieces combine both sides' remainders: count it again, uncut (rare)
+            original = len(self._tokenizer_full.encode(*pair).ids) if enc.overflowing else len(enc.ids)
+            out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
+        return out
+
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         out = []
         for text, enc in zip(texts, self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)):
@@ -132,10 +153,14 @@ class OnnxBackend:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
         try:
-            if self.device == "cuda":
+            if self.cross_encoder:
+                (scores,) = self._run_cuda(feeds, options) if self.device == "cuda" else \
+                    self.session.run(self._outputs, feeds, options)
+                normalized = raw = scores.reshape(-1, 1)
+            elif self.device == "cuda":
                 normalized, raw = self._run_cuda(feeds, options)
             else:
-                normalized, raw = self.session.run(OUTPUTS, feeds, options)
+                normalized, raw = self.session.run(self._outputs, feeds, options)
         except Exception as e:  # onnxruntime raises its own types; the engine needs one
             raise BackendError(f"onnxruntime failed on a batch of {len(items)}×{seq_len}: {e}") from e
         return normalized[: len(items)], raw[: len(items)]
@@ -145,7 +170,7 @@ class OnnxBackend:
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)
-        for name in OUTPUTS:
+        for name in self._outputs:
             binding.bind_output(name, "cuda")
         self.session.run_with_iobinding(binding, options)
         return [v.numpy() for v in binding.get_outputs()]
@@ -181,6 +206,8 @@ class OnnxBackend:
         Catches what a sha256 cannot: a tokenizer.json from another model, a manifest edited by hand,
         an onnxruntime that computes differently. Also the shape and unit norms, and that the
         similarity ordering of the recorded vectors holds."""
+        if self.cross_encoder:
+            return self._check_golden_scores()
         golden = self.manifest.golden
         if not golden or not self._golden_embeddings:
             log.warning("%s records no golden vectors (exported before they existed): not checked", self.info.model)
@@ -202,6 +229,22 @@ class OnnxBackend:
         if problems:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
+    def _check_golden_scores(self) -> None:
+        golden = self.manifest.golden or {}
+        if not golden.get("scores"):
+            log.warning("%s records no golden scores: not checked", self.info.model)
+            return
+        expected = np.asarray(golden["scores"], dtype=np.float32)
+        got = self.score_pairs([tuple(p) for p in golden["pairs"]])
+        problems = []
+        diff = float(np.abs(got - expected).max())
+        if diff > GOLDEN_TOLERANCE:
+            problems.append(f"golden scores differ from the recorded ones by {diff:.2e}")
+        if not np.array_equal(np.argsort(got), np.argsort(expected)):
+            problems.append("the ordering of the golden pairs' scores changed")
+        if problems:
+            raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
+
     def health(self) -> None:
         items = self.tokenize(["health check"])
         normalized, _ = self.run(items, padded_length(items[0].length, self.pad_to_multiple_of))
@@ -220,4 +263,16 @@ class OnnxBackend:
             seq_len = padded_length(max(i.length for i in chunk), self.pad_to_multiple_of)
             normalized, raw = self.run(chunk, seq_len)
             out[idx] = normalized if normalize else raw
+        return out
+
+    def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
+        """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches."""
+        out = np.zeros(len(pairs), dtype=np.float32)
+        items = self._tokenize_pairs(list(pairs))
+        order = np.argsort([-i.length for i in items], kind="stable")
+        for start in range(0, len(pairs), batch_size):
+            idx = order[start : start + batch_size]
+            chunk = [items[i] for i in idx]
+            scores, _ = self.run(chunk, padded_length(max(i.length for i in chunk), self.pad_to_multiple_of))
+            out[idx] = scores[:, 0]
         return out

@@ -54,6 +54,13 @@ async def metrics(request: Request):
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _model_type(info) -> dict:
+    """TEI's: a reranker is a one-label sequence classifier, an embedder says its pooling."""
+    if info.is_cross_encoder:
+        return {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    return {"embedding": {"pooling": info.manifest.get("pooling", "mean")}}
+
+
 @router.get("/info")
 async def info(request: Request):
     """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
@@ -65,7 +72,7 @@ async def info(request: Request):
         "model_id": engine.info.manifest.get("base_model", engine.info.model),
         "model_sha": manifest.get("onnx_sha256"),
         "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[engine.info.variant],
-        "model_type": {"embedding": {"pooling": manifest.get("pooling", "mean")}},
+        "model_type": _model_type(engine.info),
         "max_concurrent_requests": s.max_concurrent_requests,
         "max_input_length": engine.info.max_seq_length,
         "max_batch_tokens": engine.queue.max_batch_tokens,

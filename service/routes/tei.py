@@ -47,10 +47,21 @@ async def similarity(req: schemas.SimilarityRequest, request: Request):
 
 @router.post("/rerank", response_model=list[schemas.RerankHit])
 async def rerank(req: schemas.RerankRequest, request: Request):
-    """The texts ranked by cosine similarity to the query, best first, each with its input index."""
-    result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
-                               direction=req.truncation_direction)
-    scores = result.vectors[1:] @ result.vectors[0]
+    """The texts ranked best first, each with its input index. A cross-encoder export scores each
+    (query, text) pair itself (a sigmoid of its logit, or the logit with raw_scores, as TEI); an
+    embedding export scores by cosine similarity to the query."""
+    model = engine(request)
+    if model.info.is_cross_encoder:
+        check_batch(request, len(req.texts), "texts")
+        result = await model.rerank(req.query, req.texts, truncate=req.truncate,
+                                    truncation_direction=req.truncation_direction.lower())
+        scores = result.vectors[:, 0]
+        if not req.raw_scores:
+            scores = 0.5 * (1.0 + np.tanh(0.5 * scores))  # the sigmoid, without exp's overflow
+    else:
+        result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
+                                   direction=req.truncation_direction)
+        scores = result.vectors[1:] @ result.vectors[0]
     order = np.argsort(-scores, kind="stable")
     hits = [{"index": int(i), "score": float(scores[i]), **({"text": req.texts[i]} if req.return_text else {})}
             for i in order]
