@@ -232,10 +232,10 @@ class Engine:
             items = self.backend.tokenize_pairs(query, texts, truncation_direction)
         if not truncate:
             limit = self.info.max_seq_length
-            what = "inputs" if query is None else "the query with texts"
             for i, item in enumerate(items):
                 if item.truncated:
-                    raise InputTooLong(f"{what}[{i}] has {item.original_tokens} tokens; the model takes at most "
+                    what = f"inputs[{i}]" if query is None else f"texts[{i}] with the query"
+                    raise InputTooLong(f"{what} has {item.original_tokens} tokens; the model takes at most "
                                        f"{limit}: shorten it, or send truncate=true to cut it to {limit}")
         return items
 
