@@ -44,7 +44,7 @@ class _CountingTransformer(nn.Module):
 def test_loss_is_eq_11_on_a_hand_computed_example(tiny_encoder):
     objective = get_objective("cosent-cross")(tiny_encoder)
     assert isinstance(objective, CoSENTCrossEncoder) and objective.scale == 20.0
-    assert objective.data_kind == "scored" and objective.batch_sampler == "mixed_labels"
+    assert objective.data_kind == "scored" and objective.batch_sampler is None  # as the siamese CoSENT
     scorer = objective.inference_encoder()
     scorer.transformer = _CountingTransformer(scorer.transformer.config)
     with torch.no_grad():  # f(i, j) = 0.05 × the pair's token count ([CLS] a.. [SEP] b.. [SEP])
