@@ -41,6 +41,7 @@ KEYWORDS = {
     "conisi": {},
     "infocse": {"aux_weight": 0.5, "stage1_steps": 0},
     "cosent": {},
+    "cosent-cross": {"dropout": 0.0},
     "clsr": {"hidden_dim": 16, "out_dim": 16, "proj_dim": 16},
 }
 # How each objective's batch stacks its N examples: groups of N rows per tensor (SimCSE's [x; x] is 2).
@@ -49,6 +50,7 @@ LAYOUT = {
     "infocse": {"features": 2, "mlm": 1},
     "conisi": {"single": 1, "pairs": 2},
     "cosent": {"features": 2, "labels": 1},
+    "cosent-cross": {"features": 1, "labels": 1},  # one [CLS] s1 [SEP] s2 [SEP] row per pair
     "clsr": {"vectors": 2},
 }
 
