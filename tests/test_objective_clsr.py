@@ -168,7 +168,7 @@ def test_inference_encoder_is_frozen_model_mean_pooling_and_e(tiny_encoder, tmp_
     with torch.no_grad():
         expected = obj.e(obj.collate([PairExample(*texts)])["vectors"]).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    # round trip through the saved directory (head.pt holds e)
+    # round trip through the saved directory (its Dense modules hold e)
     enc.save_pretrained(tmp_path / "clsr")
     loaded = SentenceEncoder.from_pretrained(tmp_path / "clsr")
     assert loaded.pooling == "mean" and loaded.dim == 8

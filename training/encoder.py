@@ -8,10 +8,12 @@ served embedding depends on lives here.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -19,27 +21,158 @@ POOLINGS = ("mean", "cls", "first_last_avg")
 DEFAULT_MAX_SEQ_LENGTH = 256
 
 
+# sentence-transformers module types, in the spelling every version since 2.0 loads (6.x maps them).
+ST_TYPES = {name: f"sentence_transformers.models.{name}"
+            for name in ("Transformer", "Pooling", "Dense", "Normalize", "WeightedLayerPooling")}
+ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
+# Dense activations a saved directory may name: looked up here, never imported from the file's string.
+ACTIVATIONS = {"Identity": nn.Identity, "Tanh": nn.Tanh, "ReLU": nn.ReLU, "GELU": nn.GELU, "Sigmoid": nn.Sigmoid}
+_ST_POOLING = {"mean": "mean", "cls": "cls"}  # ST pooling_mode → ours; first_last_avg is a layer pooling
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module: activation(linear(x)), saved as config + safetensors."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "Identity"):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unsupported Dense activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = ACTIVATIONS[activation]()
+        self.activation_name = activation
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
+
+
+class DenseStack(nn.Sequential):
+    """A head loaded from Dense modules; `out_features` is what SentenceEncoder.dim reads."""
+
+    @property
+    def out_features(self) -> int:
+        return self[-1].out_features
+
+
+def head_as_dense(head: nn.Module) -> list[Dense]:
+    """Any head made of Linear layers, each followed by at most one known activation, as Dense modules.
+
+    Objectives build heads from plain nn.Linear / activations (CLSR's e, SimCSE's MLP, chains of them);
+    sentence-transformers can only load such layers, so anything else (e.g. BatchNorm) is refused.
+    """
+    def flat(m: nn.Module) -> list[nn.Module]:
+        if isinstance(m, nn.Sequential):
+            return [x for child in m for x in flat(child)]
+        return [m]
+
+    out: list[Dense] = []
+    for layer in flat(head):
+        if isinstance(layer, Dense):
+            out.append(layer)
+        elif isinstance(layer, nn.Linear):
+            dense = Dense(layer.in_features, layer.out_features, bias=layer.bias is not None)
+            dense.linear.load_state_dict(layer.state_dict())
+            out.append(dense)
+        elif type(layer).__name__ in ACTIVATIONS and out and out[-1].activation_name == "Identity":
+            out[-1].activation = layer
+            out[-1].activation_name = type(layer).__name__
+        else:
+            raise ValueError(f"head layer {type(layer).__name__} cannot be saved as sentence-transformers "
+                             "Dense modules (Linear + one activation: " + ", ".join(ACTIVATIONS) + ")")
+    return out
+
+
+def _load_weights(module_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if (module_dir / "model.safetensors").is_file():
+        return load_file(module_dir / "model.safetensors")
+    if (module_dir / "pytorch_model.bin").is_file():  # sentence-transformers < 3 wrote these
+        return torch.load(module_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no weights (model.safetensors) in {module_dir}")
+
+
+def _pooling_from_config(cfg: dict, where: Path) -> str:
+    mode = cfg.get("pooling_mode")
+    if mode is None:  # the pre-6.0 spelling: one boolean per mode
+        modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                 for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+        mode = modes[0] if len(modes) == 1 else tuple(modes)
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else tuple(mode)
+    if mode == "first_last_avg":  # what this project wrote before its directories were real ST ones
+        return mode
+    if mode not in _ST_POOLING:
+        # max / mean_sqrt_len / weighted / last-token pooling: fail rather than serve a different model
+        raise ValueError(f"unsupported pooling {mode!r} in {where}: only mean and cls (and first_last_avg)")
+    return _ST_POOLING[mode]
+
+
+def read_st_modules(model_dir: str | Path) -> dict:
+    """What a sentence-transformers directory says beyond its transformer, as SentenceEncoder fields.
+
+    {"pooling", "max_seq_length", "head", "normalize", "transformer_dir"}, each present only if the
+    directory states it. Reads modules.json when there is one (any module besides Transformer, Pooling,
+    Dense, Normalize and a first/last-layer WeightedLayerPooling is refused); a directory with only
+    1_Pooling/ and sentence_bert_config.json (an older export of ours) is read from those.
+    """
+    model_dir = Path(model_dir)
+    out: dict = {}
+    modules_file = model_dir / "modules.json"
+    modules = json.loads(modules_file.read_text()) if modules_file.is_file() else [
+        {"type": ST_TYPES["Transformer"], "path": ""}] + (
+        [{"type": ST_TYPES["Pooling"], "path": "1_Pooling"}] if (model_dir / "1_Pooling").is_dir() else [])
+    dense: list[Dense] = []
+    layer_pooling = False
+    for module in modules:
+        kind = module["type"].rsplit(".", 1)[-1]
+        path = model_dir / module.get("path", "")
+        config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+        if kind == "Transformer":
+            out["transformer_dir"] = path
+            st_file, tok_file = path / "sentence_bert_config.json", path / "tokenizer_config.json"
+            max_len = json.loads(st_file.read_text()).get("max_seq_length") if st_file.is_file() else None
+            if max_len is None and modules_file.is_file() and tok_file.is_file():
+                # sentence-transformers >= 6 keeps the length as the tokenizer's model_max_length
+                tok_max = json.loads(tok_file.read_text()).get("model_max_length")
+                max_len = tok_max if isinstance(tok_max, int) and tok_max < 1_000_000 else None
+            if max_len:
+                out["max_seq_length"] = max_len
+        elif kind == "WeightedLayerPooling":
+            weights = _load_weights(path)["layer_weights"].tolist()
+            # (h_1 + h_L) / 2: layers from 1 on, weight on the first and the last only
+            ends_only = len(weights) >= 2 and weights[0] == weights[-1] and not any(weights[1:-1])
+            if config.get("layer_start") != 1 or not ends_only:
+                raise ValueError(f"unsupported WeightedLayerPooling in {path}: only first/last-layer average")
+            layer_pooling = True
+        elif kind == "Pooling":
+            pooling = _pooling_from_config(config, path)
+            if layer_pooling and pooling != "mean":
+                raise ValueError(f"{path}: a layer average is only supported before mean pooling")
+            out["pooling"] = "first_last_avg" if layer_pooling else pooling
+        elif kind == "Dense":
+            act = (config.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
+            layer = Dense(config["in_features"], config["out_features"], config.get("bias", True), act)
+            layer.linear.load_state_dict({k.removeprefix("linear."): v for k, v in _load_weights(path).items()})
+            dense.append(layer)
+        elif kind == "Normalize":
+            out["normalize"] = True
+        else:
+            raise ValueError(f"unsupported sentence-transformers module {module['type']} in {modules_file}")
+    if modules_file.is_file():
+        out.setdefault("normalize", False)
+    if dense:
+        out["head"] = DenseStack(*dense)
+    return out
+
+
 def read_st_config(model_dir: str | Path) -> tuple[str | None, int | None]:
     """Pooling mode and max sequence length from a sentence-transformers directory, if present."""
-    model_dir = Path(model_dir)
-    pooling = None
-    pooling_file = model_dir / "1_Pooling" / "config.json"
-    if pooling_file.is_file():
-        cfg = json.loads(pooling_file.read_text())
-        if cfg.get("pooling_mode_first_last_avg"):
-            pooling = "first_last_avg"
-        elif cfg.get("pooling_mode_cls_token"):
-            pooling = "cls"
-        elif cfg.get("pooling_mode_mean_tokens"):
-            pooling = "mean"
-        # max / mean_sqrt_len pooling are not supported: fail rather than serve a different model
-        elif any(cfg.get(k) for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens")):
-            raise ValueError(f"unsupported pooling in {pooling_file}: only mean, cls, first_last_avg")
-    max_len = None
-    st_file = model_dir / "sentence_bert_config.json"
-    if st_file.is_file():
-        max_len = json.loads(st_file.read_text()).get("max_seq_length")
-    return pooling, max_len
+    found = read_st_modules(model_dir)
+    return found.get("pooling"), found.get("max_seq_length")
 
 
 def pool(
@@ -74,6 +207,7 @@ class SentenceEncoder(nn.Module):
         max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
         head: nn.Module | None = None,
         base_model: str = "",
+        normalize: bool = True,
     ):
         super().__init__()
         if pooling not in POOLINGS:
@@ -84,6 +218,7 @@ class SentenceEncoder(nn.Module):
         self.max_seq_length = max_seq_length
         self.head = head
         self.base_model = base_model
+        self.normalize = normalize  # encode()'s default, and a Normalize module when saved
 
     @classmethod
     def from_pretrained(
@@ -95,45 +230,45 @@ class SentenceEncoder(nn.Module):
     ) -> SentenceEncoder:
         """Load a local HF / sentence-transformers directory, or a hub name when online.
 
-        Pooling and max length follow the model's own sentence-transformers config when it has one;
-        a plain HF checkpoint falls back to mean pooling and min(256, model limit).
+        A sentence-transformers directory is read as sentence-transformers reads it (read_st_modules):
+        pooling, max length, Dense head, Normalize. A plain HF checkpoint falls back to mean pooling,
+        min(256, model limit) and normalised embeddings. `pooling` / `max_seq_length` override.
         `attn_implementation`: training asks for "sdpa" (fused attention; eager where the architecture
         lacks it); the default stays "eager", which the ONNX export traces.
         """
-        st_pooling, st_max_len = (None, None)
-        if Path(name_or_path).is_dir():
-            st_pooling, st_max_len = read_st_config(name_or_path)
-        config = AutoConfig.from_pretrained(name_or_path)
+        st = read_st_modules(name_or_path) if Path(name_or_path).is_dir() else {}
+        model_path = st.get("transformer_dir", name_or_path)
+        config = AutoConfig.from_pretrained(model_path)
         extra = {"add_pooling_layer": False} if config.model_type in ("bert", "roberta") else {}
         try:
             transformer = AutoModel.from_pretrained(
-                name_or_path, config=config, attn_implementation=attn_implementation, **extra
+                model_path, config=config, attn_implementation=attn_implementation, **extra
             )
         except ValueError:  # an architecture without SDPA support: the eager attention it has
             if attn_implementation != "sdpa":
                 raise
-            transformer = AutoModel.from_pretrained(name_or_path, config=config, attn_implementation="eager", **extra)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
+            transformer = AutoModel.from_pretrained(model_path, config=config, attn_implementation="eager", **extra)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, use_fast=True)
         limit = getattr(config, "max_position_embeddings", 512)
         if config.model_type == "roberta":
             limit -= 2  # RoBERTa's position ids start after the padding index
-        max_len = max_seq_length or st_max_len or min(DEFAULT_MAX_SEQ_LENGTH, limit)
-        head_file = Path(name_or_path) / "head.pt"
-        head = torch.load(head_file, weights_only=False) if head_file.is_file() else None
+        max_len = max_seq_length or st.get("max_seq_length") or min(DEFAULT_MAX_SEQ_LENGTH, limit)
         return cls(
             transformer,
             tokenizer,
-            pooling=pooling or st_pooling or "mean",
+            pooling=pooling or st.get("pooling") or "mean",
             max_seq_length=min(max_len, limit),
-            head=head,
+            head=st.get("head"),
             base_model=str(name_or_path),
+            normalize=st.get("normalize", True),
         )
 
     @property
     def dim(self) -> int:
         if self.head is not None and hasattr(self.head, "out_features"):
             return self.head.out_features
-        return self.transformer.config.hidden_size
+        linears = [m for m in self.head.modules() if isinstance(m, nn.Linear)] if self.head is not None else []
+        return linears[-1].out_features if linears else self.transformer.config.hidden_size
 
     @property
     def device(self) -> torch.device:
@@ -168,8 +303,12 @@ class SentenceEncoder(nn.Module):
         return self.head(pooled) if self.head is not None else pooled
 
     @torch.no_grad()
-    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
-        """Embed texts in eval mode (no dropout), sorted by length so padding stays small."""
+    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool | None = None) -> np.ndarray:
+        """Embed texts in eval mode (no dropout), sorted by length so padding stays small.
+
+        normalize: None follows the model (`self.normalize`), as SentenceTransformer.encode does.
+        """
+        normalize = self.normalize if normalize is None else normalize
         was_training = self.training
         self.eval()
         order = np.argsort([-len(t) for t in texts], kind="stable")
@@ -185,22 +324,72 @@ class SentenceEncoder(nn.Module):
         return out
 
     def save_pretrained(self, out_dir: str | Path) -> None:
-        """A sentence-transformers-style directory; a head is saved as head.pt beside it."""
+        """A sentence-transformers directory: `SentenceTransformer(out_dir)` embeds as this encoder does.
+
+        The HF model and tokenizer at the root (safetensors), then 1_Pooling, a head as Dense modules,
+        2_Normalize when this encoder normalises; first_last_avg is ST's WeightedLayerPooling over
+        layers 1..L with weight on the first and last only, before mean pooling. No pickles.
+        """
+        from safetensors.torch import save_file
+
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.transformer.save_pretrained(out_dir)
+        dense = head_as_dense(self.head) if self.head is not None else []
+        config = self.transformer.config
+        layer_avg = self.pooling == "first_last_avg"
+        saved_flag = config.output_hidden_states
+        config.output_hidden_states = layer_avg  # ST's Transformer passes every layer on only when told
+        try:
+            self.transformer.save_pretrained(out_dir)
+        finally:
+            config.output_hidden_states = saved_flag
         self.tokenizer.save_pretrained(out_dir)
-        (out_dir / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_seq_length}))
-        (out_dir / "1_Pooling").mkdir(exist_ok=True)
-        (out_dir / "1_Pooling" / "config.json").write_text(
-            json.dumps(
-                {
-                    "word_embedding_dimension": self.transformer.config.hidden_size,
-                    "pooling_mode_cls_token": self.pooling == "cls",
-                    "pooling_mode_mean_tokens": self.pooling == "mean",
-                    "pooling_mode_first_last_avg": self.pooling == "first_last_avg",
-                }
-            )
-        )
-        if self.head is not None:
-            torch.save(self.head, out_dir / "head.pt")
+        _write_json(out_dir / "sentence_bert_config.json", {"max_seq_length": self.max_seq_length,
+                                                            "do_lower_case": False})
+        _write_json(out_dir / "config_sentence_transformers.json", {
+            "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
+            "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+        modules = [("Transformer", "", None)]
+        hidden = config.hidden_size
+        if layer_avg:
+            layers = config.num_hidden_layers
+            weights = torch.zeros(layers)
+            weights[0] = weights[-1] = 1.0
+            modules.append(("WeightedLayerPooling", "WeightedLayerPooling", (
+                {"word_embedding_dimension": hidden, "layer_start": 1, "num_hidden_layers": layers},
+                {"layer_weights": weights})))
+        flags = {"pooling_mode_cls_token": self.pooling == "cls",
+                 "pooling_mode_mean_tokens": self.pooling in ("mean", "first_last_avg"),
+                 "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+        modules.append(("Pooling", "Pooling", ({"word_embedding_dimension": hidden, **flags}, None)))
+        for layer in dense:
+            activation = type(layer.activation)
+            modules.append(("Dense", "Dense", (
+                {"in_features": layer.linear.in_features, "out_features": layer.out_features,
+                 "bias": layer.linear.bias is not None,
+                 "activation_function": f"{activation.__module__}.{activation.__qualname__}"},
+                {f"linear.{k}": v for k, v in layer.linear.state_dict().items()})))
+        if self.normalize:
+            modules.append(("Normalize", "Normalize", ({}, None)))
+        entries = []
+        for idx, (kind, folder, content) in enumerate(modules):
+            path = "" if kind == "Transformer" else f"{idx}_{folder}"
+            entries.append({"idx": idx, "name": str(idx), "path": path, "type": ST_TYPES[kind]})
+            if content is not None:
+                (out_dir / path).mkdir(exist_ok=True)
+                cfg, weights = content
+                _write_json(out_dir / path / "config.json", cfg)
+                if weights:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
+                              out_dir / path / "model.safetensors")
+        _write_json(out_dir / "modules.json", entries)
+        # a directory saved before over this one may hold modules this one has not
+        kept = {e["path"] for e in entries}
+        for stale in out_dir.glob("[0-9]_*"):
+            if stale.is_dir() and stale.name not in kept:
+                shutil.rmtree(stale)
+        (out_dir / "head.pt").unlink(missing_ok=True)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")

@@ -154,6 +154,8 @@ def export_onnx(
             batch_invariant=True,
             golden=golden_record(encoder),
             training=training,
+            # what SentenceTransformer.encode returns by default for the source directory (the graph has both)
+            normalize=encoder.normalize,
         )
         manifest.save(staging)
         manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
@@ -326,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         encoder.base_model = model_label(args.model)  # not a site-packages path for the default
     manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
+          f"normalize {encoder.normalize}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
     for variant, entry in (manifest.variants or {}).items():
         if "quality" in entry:
