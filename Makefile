@@ -11,6 +11,7 @@ METHOD ?= cosent
 PRESET ?= quick
 DATA ?= ../shared/data
 BASE ?=
+SELECT ?= stsb-dev
 
 .PHONY: serve test export venv wordnet lint eval train-export bench bench-index
 
@@ -55,10 +56,12 @@ bench-index: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# Train with an objective, keep the best STS-B dev checkpoint, export it: models/<method>-<timestamp>/.
+# Train with an objective, keep the best checkpoint on the SELECT dev set, export it: models/<method>-<timestamp>/.
+# SELECT: stsb-dev | retrieval:<BEIR folder>[:split] | pairs:<tsv> | last (training.selection).
 # Extra settings: ARGS='--set max_steps=100 --objective strategy=o2'
 train-export: venv wordnet
-	$(PY) -m training.train --method $(METHOD) --preset $(PRESET) --data-dir $(DATA) $(if $(BASE),--base $(BASE)) $(ARGS)
+	$(PY) -m training.train --method $(METHOD) --preset $(PRESET) --data-dir $(DATA) $(if $(BASE),--base $(BASE)) \
+	  --select '$(SELECT)' $(ARGS)
 
 # Evaluate the running service (URL=http://localhost:8080) or a model in process (MODEL=<export or HF dir>):
 # 7 STS tasks and both built retrieval sets, then a side-by-side report of every model under results/.

@@ -43,13 +43,14 @@ def test_method_trains_and_exports_a_servable_model(method, tiny_model_dir, shar
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 40
     assert np.mean(losses[-8:]) < np.mean(losses[:8]), f"{method} loss did not go down: {losses}"
-    devs = [r for r in rows if "dev_spearman" in r]
+    devs = [r for r in rows if "dev" in r]
     assert [r["step"] for r in devs] == [0, 20, 40]
     assert (run_dir / "metrics.png").stat().st_size > 0 and (run_dir / "best").is_dir()
 
     manifest = json.loads((export_dir / "manifest.json").read_text())
     assert manifest["method"] == method
-    assert manifest["training"]["stsb_dev_spearman"] == pytest.approx(max(r["dev_spearman"] for r in devs), abs=1e-4)
+    assert {r["select"] for r in devs} == {manifest["training"]["select"]} == {"STS-B dev Spearman"}
+    assert manifest["training"]["dev_score"] == pytest.approx(max(r["dev"] for r in devs), abs=1e-4)
     assert manifest["parity_max_abs_diff"] <= 1e-4
     assert manifest["max_seq_length"] == 24
 
@@ -82,7 +83,7 @@ def test_resume_continues_a_run(tiny_model_dir, shared_data, tmp_path):
     assert resumed.steps == 15 and resumed.initial_dev == first.initial_dev
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 16))  # steps 11–15 appended, none redone
-    assert [r["step"] for r in rows if "dev_spearman" in r] == [0, 5, 10, 15]
+    assert [r["step"] for r in rows if "dev" in r] == [0, 5, 10, 15]
     assert resumed.best_dev >= first.best_dev
 
 

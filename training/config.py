@@ -41,8 +41,9 @@ class TrainConfig:
     warmup_ratio: float = 0.0
     max_grad_norm: float | None = 1.0
     precision: str = "auto"  # auto (bf16/fp16 on GPU, fp32 on CPU) | fp32 | bf16 | fp16
-    eval_every: int = 125  # STS-B dev Spearman (and a checkpoint) every N `eval_unit`s
+    eval_every: int = 125  # evaluate on the dev set (and checkpoint) every N `eval_unit`s
     eval_unit: str = "steps"  # steps (the papers' 125) | epochs (CLSR: 2000 epochs)
+    select: str = "stsb-dev"  # what picks the best checkpoint: training.selection.make_evaluator
     seed: int = 42
     num_workers: int = 0
     objective: dict[str, Any] = field(default_factory=dict)

@@ -1,11 +1,13 @@
-"""Train with one objective, keep the best STS-B dev checkpoint, export it to ONNX.
+"""Train with one objective, keep the best checkpoint on a dev set, export it to ONNX.
 
     python -m training.train --method cosent [--preset quick] [--base DIR|name] [--data-dir DIR]
+                             [--select stsb-dev | retrieval:<BEIR dir>[:split] | pairs:<tsv> | last]
                              [--set key=value ...] [--objective key=value ...]
     python -m training.train --method cosent --resume runs/<run> [--allow-config-change ...]
 
-`make train-export METHOD=...` runs this. The export goes to models/<method>-<timestamp>/ with the
-training config and dev score in its manifest (ONNX/torch parity checked, as every export).
+`make train-export METHOD=... [SELECT=...]` runs this. runs/<method>-<timestamp>/best/ is a
+sentence-transformers directory; the export goes to models/<method>-<timestamp>/ with the training
+config and dev score in its manifest (ONNX/torch parity checked, as every export).
 A resume continues the run exactly with the run's own config (runs/<run>/config.json); options given
 with it are changes, which training refuses unless --allow-config-change.
 """
@@ -27,6 +29,7 @@ from training.encoder import SentenceEncoder
 from training.export import export_onnx
 from training.objectives import METHODS
 from training.resume import config_from_json
+from training.selection import make_evaluator
 
 
 def _parse_assignments(items: list[str]) -> dict:
@@ -52,6 +55,9 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--data-dir", type=Path, help="folder holding the training/dev data sources")
     parser.add_argument("--train-data", help="training source, see training.data.load_examples")
     parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--select", help="what picks the best checkpoint: stsb-dev (default), "
+                        "retrieval:<BEIR folder>[:split] (nDCG@10), pairs:<tsv of sentence1, sentence2, score> "
+                        "(Spearman), last")
     parser.add_argument("--resume", type=Path, help="run directory to resume from, with its config")
     parser.add_argument("--allow-config-change", action="store_true",
                         help="resume even though the options given change the run's config")
@@ -61,7 +67,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
                         help="keyword arguments of the objective (its paper's hyper-parameters)")
     args = parser.parse_args(argv)
     overrides = _parse_assignments(args.set)
-    for name in ("base_model", "data_dir", "train_data", "max_steps", "resume"):
+    for name in ("base_model", "data_dir", "train_data", "max_steps", "resume", "select"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.allow_config_change:
@@ -88,7 +94,7 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = cfg.resume or cfg.runs_dir / f"{cfg.method}-{stamp}"
-    result = train(cfg, run_dir, log=log)
+    result = train(cfg, run_dir, log=log, evaluator=make_evaluator(cfg.select, cfg.data_dir))
     if not result.is_main:
         return None
     load = CrossEncoder if is_cross_encoder_dir(result.best_dir) else SentenceEncoder
@@ -101,12 +107,13 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
         "best_step": result.best_step,
         "steps": result.steps,
         "seconds": round(result.seconds, 1),
-        "stsb_dev_spearman": round(result.best_dev, 4),
-        "stsb_dev_spearman_before": round(result.initial_dev, 4),
+        "select": result.dev_metric,
+        "dev_score": round(result.best_dev, 4),
+        "dev_score_before": round(result.initial_dev, 4),
     }
     manifest = export_onnx(encoder, export_dir, method=cfg.method, training=training_info, data_dir=cfg.data_dir)
     log(f"[export] {export_dir} (dim {manifest.dimension}, parity {manifest.parity_max_abs_diff:.1e}); "
-        f"STS-B dev {result.initial_dev:.2f} → {result.best_dev:.2f}")
+        f"{result.dev_metric} {result.initial_dev:.2f} → {result.best_dev:.2f}")
     log(f"serve it with: make serve MODEL_DIR={export_dir}")
     return export_dir
 

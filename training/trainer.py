@@ -1,8 +1,10 @@
-"""The training loop: objective-agnostic, with model selection on STS-B dev as the papers do.
+"""The training loop: objective-agnostic, and selection-agnostic.
 
-It only calls the Objective contract (training/objectives/base.py). Around it: seeds, device and
-mixed precision, gradient accumulation, torchrun/DDP, periodic dev evaluation keeping the best
-checkpoint, a resumable `checkpoint.pt`, `metrics.jsonl`, and a loss / dev-Spearman plot.
+It only calls the Objective contract (training/objectives/base.py) and an Evaluator
+(training/selection.py: a name and `evaluator(encoder) -> float`, higher is better; STS-B dev as the
+papers do unless told otherwise). Around them: seeds, device and mixed precision, gradient
+accumulation, torchrun/DDP, periodic dev evaluation keeping the best checkpoint, a resumable
+`checkpoint.pt`, `metrics.jsonl`, and a loss / dev-score plot.
 
 Resume is exact (training/resume.py): each epoch's batch order is a function of (seed, epoch), the
 checkpoint records how many batches of the epoch were consumed, and a resumed run replays those
@@ -29,7 +31,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
 from training.config import TrainConfig
-from training.cross_encoder import CrossEncoder
 from training.data import load_examples
 from training.default_model import model_label, resolve_model
 from training.encoder import SentenceEncoder
@@ -46,6 +47,7 @@ from training.resume import (
     truncate_metrics,
 )
 from training.sampling import make_batch_sampler
+from training.selection import Evaluator, make_evaluator
 
 
 @dataclass
@@ -58,6 +60,7 @@ class TrainResult:
     steps: int
     seconds: float
     is_main: bool = True  # rank 0: the only rank that evaluates, checkpoints and exports
+    dev_metric: str = ""  # the evaluator's name: what best_dev and initial_dev measure
 
 
 def seed_everything(seed: int) -> None:
@@ -106,15 +109,6 @@ def _lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-def dev_spearman(encoder: SentenceEncoder | CrossEncoder, data_dir: Path | None) -> float:
-    """STS-B dev Spearman × 100, through the evaluation harness's own code (a cross-encoder: of its scores)."""
-    from evaluation.sts import stsb_dev_pair_spearman, stsb_dev_spearman
-
-    if isinstance(encoder, CrossEncoder):
-        return stsb_dev_pair_spearman(lambda a, b: encoder.score_pairs(a, b, batch_size=128), data_dir)
-    return stsb_dev_spearman(lambda texts: encoder.encode(texts, batch_size=128), data_dir)
-
-
 def _setup_distributed() -> tuple[int, int, torch.device]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -127,10 +121,14 @@ def _setup_distributed() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None) -> TrainResult:
-    """`stop_at`: end this session after that step with a checkpoint, as a pre-empted job would."""
+def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None,
+          evaluator: Evaluator | None = None) -> TrainResult:
+    """`stop_at`: end this session after that step with a checkpoint, as a pre-empted job would.
+    `evaluator` picks best/ (default: the one `cfg.select` names, built before any training)."""
     rank, world, device = _setup_distributed()
     main = rank == 0
+    if evaluator is None:
+        evaluator = make_evaluator(cfg.select, cfg.data_dir)
     seed_everything(cfg.seed + rank)
     state = load_checkpoint(cfg.resume / CHECKPOINT) if cfg.resume else None
     if state is not None and "config" not in state:
@@ -230,8 +228,8 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
 
     def evaluate() -> float:
         nonlocal best_dev, best_step
-        dev = dev_spearman(objective.inference_encoder(), cfg.data_dir)
-        record({"step": step, "dev_spearman": dev})
+        dev = float(evaluator(objective.inference_encoder()))
+        record({"step": step, "dev": dev, "select": evaluator.name})
         if dev > best_dev:
             best_dev, best_step = dev, step
             objective.inference_encoder().save_pretrained(best_dir)
@@ -241,7 +239,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
     if state is None:
         metrics_path.unlink(missing_ok=True)
         initial_dev = evaluate() if main else float("nan")
-        log(f"[train] step 0 STS-B dev {initial_dev:.2f}")
+        log(f"[train] step 0 {evaluator.name} {initial_dev:.2f}")
 
     bar = tqdm(total=total_steps, initial=step, disable=not main, desc=cfg.method, dynamic_ncols=True)
     objective.train()
@@ -305,15 +303,17 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
     bar.close()
     seconds = time.perf_counter() - start
     if main:
-        plot_metrics(metrics_path, run_dir / "metrics.png", title=f"{cfg.method} ({cfg.preset})")
-        log(f"[train] {step} steps in {seconds:.0f}s; best STS-B dev {best_dev:.2f} at step {best_step} "
+        plot_metrics(metrics_path, run_dir / "metrics.png", title=f"{cfg.method} ({cfg.preset})",
+                     dev_label=evaluator.name)
+        log(f"[train] {step} steps in {seconds:.0f}s; best {evaluator.name} {best_dev:.2f} at step {best_step} "
             f"(start {initial_dev:.2f})")
     if world > 1:
         dist.barrier()  # the other ranks wait for rank 0's last evaluation and checkpoint
-    return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds, is_main=main)
+    return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds, is_main=main,
+                       dev_metric=evaluator.name)
 
 
-def plot_metrics(metrics_path: Path, out_png: Path, title: str = "") -> None:
+def plot_metrics(metrics_path: Path, out_png: Path, title: str = "", dev_label: str = "dev score") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,7 +321,7 @@ def plot_metrics(metrics_path: Path, out_png: Path, title: str = "") -> None:
 
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    devs = [(r["step"], r["dev_spearman"]) for r in rows if "dev_spearman" in r]
+    devs = [(r["step"], r["dev"]) for r in rows if "dev" in r]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if losses:
         ax.plot(*zip(*losses), color="tab:blue", alpha=0.7, label="training loss")
@@ -329,8 +329,8 @@ def plot_metrics(metrics_path: Path, out_png: Path, title: str = "") -> None:
     ax.set_ylabel("loss", color="tab:blue")
     ax2 = ax.twinx()
     if devs:
-        ax2.plot(*zip(*devs), "o-", color="tab:red", label="STS-B dev Spearman")
-    ax2.set_ylabel("STS-B dev Spearman × 100", color="tab:red")
+        ax2.plot(*zip(*devs), "o-", color="tab:red", label=dev_label)
+    ax2.set_ylabel(dev_label, color="tab:red")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)

@@ -1,0 +1,154 @@
+"""Model selection: which checkpoint a run keeps as best/, measured on the user's choice of dev set.
+
+    --select stsb-dev                       STS-B dev Spearman × 100 (the papers' choice; the default)
+    --select retrieval:<BEIR folder>[:split] nDCG@10 × 100 on qrels/<split>.tsv (default split: dev if
+                                            the folder has one, else test), through evaluation/retrieval
+    --select pairs:<file.tsv>               Spearman × 100 of cosine against gold on tab-separated
+                                            sentence1, sentence2, score rows (a header row is skipped)
+    --select last                           no dev set: the last evaluation always wins
+
+The trainer sees only the `Evaluator` protocol (a name, and `evaluator(encoder) -> float`, higher is
+better), as sentence-transformers' trainer takes a SentenceEvaluator. The evaluation harness is
+imported when an evaluator is built, never when training is imported, so evaluation may import
+training without a cycle. A relative path that does not exist as given is looked up under data_dir.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from training.encoder import SentenceEncoder
+
+EVAL_BATCH_SIZE = 128  # inference only: larger batches than training, still small on a CPU
+RETRIEVAL_DEPTH = 10  # nDCG@10 needs the top 10 only
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    name: str
+
+    def __call__(self, encoder: SentenceEncoder) -> float: ...
+
+
+class _Embedder:
+    """The harness's Embedder contract over the encoder being trained (eval mode, normalised)."""
+
+    def __init__(self, encoder: SentenceEncoder):
+        self.encoder, self.name = encoder, "training"
+
+    def encode(self, texts: list[str]):
+        return self.encoder.encode(list(texts), batch_size=EVAL_BATCH_SIZE, normalize=True)
+
+
+class StsbDev:
+    name = "STS-B dev Spearman"
+
+    def __init__(self, data_dir: str | Path | None):
+        if data_dir is None:
+            raise ValueError("--select stsb-dev needs --data-dir (a folder holding STS-B)")
+        self.data_dir = data_dir
+
+    def __call__(self, encoder: SentenceEncoder) -> float:
+        from evaluation.sts import stsb_dev_pair_spearman, stsb_dev_spearman
+
+        if hasattr(encoder, "score_pairs"):  # a cross-encoder: Spearman of its own pair scores
+            return stsb_dev_pair_spearman(lambda a, b: encoder.score_pairs(a, b, batch_size=EVAL_BATCH_SIZE),
+                                          self.data_dir)
+        return stsb_dev_spearman(_Embedder(encoder).encode, self.data_dir)
+
+
+class PairsSpearman:
+    def __init__(self, path: Path):
+        from evaluation.sts_data import StsTask
+
+        rows = []
+        with open(path, encoding="utf-8", newline="") as f:
+            for line_no, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
+                if not row or not "".join(row).strip():
+                    continue
+                try:
+                    if len(row) != 3:
+                        raise ValueError
+                    rows.append((row[0], row[1], float(row[2])))
+                except ValueError:
+                    if line_no == 1 and len(row) == 3:
+                        continue  # a header
+                    raise ValueError(f"{path}:{line_no}: expected sentence1<TAB>sentence2<TAB>score, "
+                                     f"got {row!r}") from None
+        if len(rows) < 3:
+            raise ValueError(f"{path}: {len(rows)} scored pairs; a Spearman needs at least 3")
+        self.task = StsTask(path.name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+        self.name = f"pairs:{path} Spearman"
+
+    def __call__(self, encoder: SentenceEncoder) -> float:
+        from evaluation.sts import score_task
+
+        if hasattr(encoder, "score_pairs"):  # a cross-encoder: Spearman of its own pair scores
+            from scipy.stats import spearmanr
+
+            scores = encoder.score_pairs(self.task.sentences1, self.task.sentences2, batch_size=EVAL_BATCH_SIZE)
+            return float(100 * spearmanr(scores, self.task.scores).statistic)
+        return score_task(self.task, _Embedder(encoder).encode)
+
+
+class RetrievalNdcg:
+    def __init__(self, folder: Path, split: str):
+        from evaluation import beir
+
+        self.data = beir.load(folder, split)  # once: the folder is read before training starts
+        self.name = f"retrieval:{folder}:{split} nDCG@10"
+
+    def __call__(self, encoder: SentenceEncoder) -> float:
+        if hasattr(encoder, "score_pairs"):
+            raise ValueError(f"{self.name} needs embeddings; a cross-encoder is selected with stsb-dev or pairs:")
+        from evaluation.metrics import evaluate_run
+        from evaluation.retrieval import search_in_process
+
+        run = search_in_process(_Embedder(encoder), self.data, depth=RETRIEVAL_DEPTH)
+        return 100 * evaluate_run(self.data.qrels, run)["nDCG@10"]
+
+
+class Last:
+    """No dev set: each evaluation scores higher than the one before, so best/ is the last model."""
+
+    name = "last"
+
+    def __init__(self):
+        self._count = itertools.count()
+
+    def __call__(self, encoder: SentenceEncoder) -> float:
+        return float(next(self._count))
+
+
+def _existing(path: str, data_dir: str | Path | None) -> Path:
+    p = Path(path)
+    if not p.exists() and data_dir is not None and (Path(data_dir) / p).exists():
+        return Path(data_dir) / p
+    return p
+
+
+def make_evaluator(spec: str, data_dir: str | Path | None = None) -> Evaluator:
+    """The evaluator `spec` names (see the module docstring)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "stsb-dev" and not arg:
+        return StsbDev(data_dir)
+    if kind == "last" and not arg:
+        return Last()
+    if kind == "pairs" and arg:
+        path = _existing(arg, data_dir)
+        if not path.is_file():
+            raise FileNotFoundError(f"--select {spec}: {path} is not a file")
+        return PairsSpearman(path)
+    if kind == "retrieval" and arg:
+        folder, split = _existing(arg, data_dir), None
+        if not folder.is_dir() and ":" in arg:  # retrieval:<folder>:<split>
+            head, _, split = arg.rpartition(":")
+            folder = _existing(head, data_dir)
+        if split is None:
+            split = "dev" if (folder / "qrels" / "dev.tsv").is_file() else "test"
+        return RetrievalNdcg(folder, split)
+    raise ValueError(f"unknown --select {spec!r}; choose from stsb-dev, retrieval:<BEIR folder>[:split], "
+                     "pairs:<tsv file>, last")
