@@ -68,15 +68,23 @@ def _take(items: list, limit: int | None) -> list:
 
 
 def read_text(path: str | Path, limit: int | None = None) -> list[str]:
-    """One sentence per line (stripped); blank lines skipped; the first `limit` sentences."""
+    """One sentence per line (stripped); blank lines skipped; the first `limit` sentences.
+
+    A folder: every *.txt file under it, in sorted path order (a user's own text, as it lies).
+    """
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"no *.txt files under {path}")
     out: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                out.append(line)
-                if limit is not None and len(out) >= limit:
-                    break
+    for file in files:
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    out.append(line)
+                    if limit is not None and len(out) >= limit:
+                        return out
     return out
 
 
@@ -341,7 +349,7 @@ def _unique_sentences(examples: list) -> list[str]:
 
 def _resolve_file(path: str, data_dir: str | Path | None) -> Path:
     p = Path(path)
-    if not p.is_file() and data_dir is not None and (Path(data_dir) / p).is_file():
+    if not p.exists() and data_dir is not None and (Path(data_dir) / p).exists():
         return Path(data_dir) / p
     return p
 
@@ -371,7 +379,7 @@ def load_examples(
                         (sent0, hard_neg) 0
       paws, mrpc, qqp   scored: 0/1 (1 = paraphrase / duplicate). PAWS-Wiki final train/dev/test,
                         MRPC train/test, QQP (GLUE) train/dev
-      text:<path>       unlabeled only: one sentence per line
+      text:<path>       unlabeled only: one sentence per line (a folder: all its *.txt files)
     A <path> that does not exist as given is looked up under `data_dir`. "unlabeled" from any
     labelled source gives its distinct sentences. `limit` keeps the first N examples.
     """
