@@ -24,7 +24,6 @@ DEFAULT_MAX_SEQ_LENGTH = 256
 # sentence-transformers module types, in the spelling every version since 2.0 loads (6.x maps them).
 ST_TYPES = {name: f"sentence_transformers.models.{name}"
             for name in ("Transformer", "Pooling", "Dense", "Normalize", "WeightedLayerPooling")}
-ST_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_bert_config.json")
 # Dense activations a saved directory may name: looked up here, never imported from the file's string.
 ACTIVATIONS = {"Identity": nn.Identity, "Tanh": nn.Tanh, "ReLU": nn.ReLU, "GELU": nn.GELU, "Sigmoid": nn.Sigmoid}
 _ST_POOLING = {"mean": "mean", "cls": "cls"}  # ST pooling_mode → ours; first_last_avg is a layer pooling
@@ -166,6 +165,10 @@ def read_st_modules(model_dir: str | Path) -> dict:
         out.setdefault("normalize", False)
     if dense:
         out["head"] = DenseStack(*dense)
+    elif not modules_file.is_file() and (model_dir / "head.pt").is_file():
+        # a best/ written before these directories were real sentence-transformers ones: its head was
+        # pickled (our own file); dropping it silently would serve another model
+        out["head"] = torch.load(model_dir / "head.pt", weights_only=False)
     return out
 
 
