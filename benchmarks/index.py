@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -33,6 +31,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from benchmarks import machine
 from service.index import CollectionSpec, Document, LocalIndex, SearchParams
 
 DIM = 384
@@ -48,20 +47,8 @@ NAME = "bench"
 
 # --- the machine ---------------------------------------------------------------------------------
 def cpu_line() -> str:
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("unknown CPU", ""):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
-            f"faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads); numpy {np.__version__}; "
-            f"python {platform.python_version()}; load average {load:.1f} at start")
+    return (f"{machine.cpu_line()}; faiss {faiss.__version__} ({faiss.omp_get_max_threads()} threads); "
+            f"numpy {np.__version__}")
 
 
 def rss_mb() -> float:

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import socket
 import statistics
@@ -29,26 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import machine
+
 BATCH = 32
 CONCURRENCY = (1, 8, 32, 64)
 
 
 # --- the machine ---------------------------------------------------------------------------------
 def cpu_line() -> str:
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("unknown CPU", ""):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
     import onnxruntime
 
-    return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
-            f"onnxruntime {onnxruntime.__version__}; python {platform.python_version()}")
+    return f"{machine.cpu_line()}; onnxruntime {onnxruntime.__version__}"
 
 
 # --- the texts -----------------------------------------------------------------------------------

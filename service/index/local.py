@@ -44,7 +44,7 @@ from service.index.base import (
 )
 from service.index.collection import Collection
 from service.index.filters import compile_filter
-from service.index.validation import check_collection_name, check_id, check_metadata
+from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
 
@@ -121,7 +121,7 @@ class LocalIndex:
 
     def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult:
         collection = self._get(name)
-        vectors = _check_vectors(vectors, len(documents), collection.spec.dimension)
+        vectors = check_vectors(vectors, len(documents), collection.spec.dimension)
         seen = set()
         for d in documents:
             check_id(d.id)
@@ -148,7 +148,7 @@ class LocalIndex:
 
     def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
         collection = self._get(name)
-        queries = _check_vectors(queries, len(queries), collection.spec.dimension)
+        queries = check_vectors(queries, len(queries), collection.spec.dimension)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
         return collection.search(queries, params)
@@ -458,11 +458,3 @@ class LocalIndex:
         self._seq = manifest["sequence"]
         return manifest["sequence"]
 
-
-def _check_vectors(vectors: Any, rows: int, dimension: int) -> np.ndarray:
-    vectors = np.asarray(vectors, dtype=np.float32)
-    if vectors.ndim != 2 or vectors.shape != (rows, dimension):
-        raise InvalidRequest(f"expected vectors of shape ({rows}, {dimension}), got {tuple(vectors.shape)}")
-    if not np.isfinite(vectors).all():
-        raise InvalidRequest("vectors must hold finite numbers (no NaN or infinity)")
-    return np.ascontiguousarray(vectors)

@@ -64,7 +64,7 @@ from service.index.base import (
     WriteResult,
 )
 from service.index.filters import compile_filter
-from service.index.validation import check_collection_name, check_id, check_metadata
+from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, MAX_EF_SEARCH, parse_index_type
 
 log = logging.getLogger("sembed.index.milvus")
@@ -316,7 +316,7 @@ class MilvusIndex:
     def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
         desc = self._describe(name)
         dimension, physical = _dimension(desc), desc["collection_name"]
-        queries = _check_vectors(queries, len(queries), dimension)
+        queries = check_vectors(queries, len(queries), dimension)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
         if not len(queries):
@@ -487,7 +487,7 @@ class MilvusIndex:
 
     def _upsert_rows(self, desc: dict, documents: list[Document], vectors: np.ndarray) -> None:
         """Check every document (nothing is written when one is refused), then upsert them in chunks."""
-        vectors = _check_vectors(vectors, len(documents), _dimension(desc))
+        vectors = check_vectors(vectors, len(documents), _dimension(desc))
         rows, seen = [], set()
         for d, v in zip(documents, vectors):
             check_id(d.id)
@@ -705,11 +705,3 @@ def _select(rows: list[dict], predicate, params: SearchParams, limit: int) -> tu
             return hits, "k"
     return hits, "exhausted" if len(rows) < limit else "more"
 
-
-def _check_vectors(vectors: Any, rows: int, dimension: int) -> np.ndarray:
-    vectors = np.asarray(vectors, dtype=np.float32)
-    if vectors.ndim != 2 or vectors.shape != (rows, dimension):
-        raise InvalidRequest(f"expected vectors of shape ({rows}, {dimension}), got {tuple(vectors.shape)}")
-    if not np.isfinite(vectors).all():
-        raise InvalidRequest("vectors must hold finite numbers (no NaN or infinity)")
-    return np.ascontiguousarray(vectors)

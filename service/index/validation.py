@@ -8,6 +8,8 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+
 from service.index.base import InvalidRequest
 
 # Letters, digits and _-.:@, not starting with a dot: no '/', so an id is one path segment, and no
@@ -74,3 +76,12 @@ def _walk(value: Any, where: str, depth: int) -> int:
             raise InvalidRequest(f"{where}: numbers must be finite")
         return 0
     raise InvalidRequest(f"{where}: unsupported value of type {type(value).__name__}")
+
+
+def check_vectors(vectors: Any, rows: int, dimension: int) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape != (rows, dimension):
+        raise InvalidRequest(f"expected vectors of shape ({rows}, {dimension}), got {tuple(vectors.shape)}")
+    if not np.isfinite(vectors).all():
+        raise InvalidRequest("vectors must hold finite numbers (no NaN or infinity)")
+    return np.ascontiguousarray(vectors)
