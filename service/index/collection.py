@@ -67,8 +67,8 @@ class Collection:
     # reads ------------------------------------------------------------------------------------
 
     def ids_matching(self, filter_spec: dict[str, Any]) -> list[str]:
-        predicate = compile_filter(filter_spec)
-        return [d.id for d in list(self._docs) if d is not None and predicate(d.metadata)]
+        """Called by the committer, so no slot it returns can have been emptied meanwhile."""
+        return [self._docs[slot].id for slot in self._allowed(filter_spec).tolist()]
 
     def _allowed(self, filter_spec: dict[str, Any]) -> np.ndarray:
         predicate = compile_filter(filter_spec)

@@ -65,6 +65,11 @@ def _decode(payload: bytes) -> tuple[dict[str, Any], bytes]:
     return json.loads(payload[4: 4 + n]), payload[4 + n:]
 
 
+def _create_op(spec: CollectionSpec, exist_ok: bool) -> dict[str, Any]:
+    return {"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
+            "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok}
+
+
 def _stamp(model: dict | None) -> ModelStamp | None:
     return ModelStamp(**model) if model else None
 
@@ -102,12 +107,7 @@ class LocalIndex:
         if not 1 <= spec.dimension <= 65536:
             raise InvalidRequest(f"dimension must be between 1 and 65536, not {spec.dimension}")
         parse_index_type(spec.index_type, spec.dimension)
-        existing = self._collections.get(spec.name)
-        if existing is not None and exist_ok and existing.spec.dimension == spec.dimension:
-            return existing.info()
-        model = asdict(spec.model) if spec.model else None
-        self._submit({"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
-                      "model": model, "exist_ok": exist_ok})
+        self._submit(_create_op(spec, exist_ok))  # an existing one of this dimension with exist_ok: no record
         return self.info(spec.name)
 
     def drop_collection(self, name: str) -> WriteResult:
@@ -167,8 +167,7 @@ class LocalIndex:
         try:
             if staging.name in self._collections:
                 self._submit({"op": "drop", "c": staging.name})
-            self._submit({"op": "create", "c": staging.name, "dim": staging.dimension, "type": staging.index_type,
-                          "model": asdict(spec.model) if spec.model else None, "exist_ok": False})
+            self._submit(_create_op(staging, exist_ok=False))
             for documents, vectors in batches:
                 self.upsert(staging.name, documents, vectors)
             return self._submit({"op": "rename", "c": staging.name, "to": spec.name})

@@ -44,14 +44,13 @@ async def _call(request: Request, method: str, *args, **kwargs):
     return await run_in_threadpool(getattr(_index(request), method), *args, **kwargs)
 
 
-async def _embedder_for(request: Request, collection: str) -> tuple[CollectionInfo, Any]:
-    """The collection and the engine whose vectors it holds; refuses a collection another model made."""
-    info = await _call(request, "info", collection)
+def _embedder_for(request: Request, collection: str, info: CollectionInfo):
+    """The engine whose vectors the collection holds; refuses a collection another model made."""
     if info.model is None:
         raise InvalidRequest(f"collection {collection!r} holds client vectors only: send `vector`, not text")
     staged = request.app.state.staged_engines.get(info.model)  # a reload re-embedding before it switches
     if staged is not None:
-        return info, staged
+        return staged
     served = registry(request).names()
     current = model_stamp(request, info.model.name) if info.model.name in served else None
     if current != info.model:
@@ -59,7 +58,7 @@ async def _embedder_for(request: Request, collection: str) -> tuple[CollectionIn
         raise ModelMismatch(f"collection {collection!r} was embedded by {info.model.describe()}, but the service "
                             f"now runs {now}: re-embed it (POST /admin/collections/{collection}/reembed) or use "
                             f"the model that made it")
-    return info, registry(request).get(info.model.name)
+    return registry(request).get(info.model.name)
 
 
 async def _vectors(request: Request, collection: str, texts: list[str | None], given: list, field: str):
@@ -68,7 +67,7 @@ async def _vectors(request: Request, collection: str, texts: list[str | None], g
     missing = [i for i, v in enumerate(given) if v is None]
     info = await _call(request, "info", collection)
     if missing:
-        info, engine = await _embedder_for(request, collection)
+        engine = _embedder_for(request, collection, info)
         if any(texts[i] is None for i in missing):
             raise InvalidRequest(f"each of {field} needs text to embed, or its own vector")
         embedded = (await engine.embed([texts[i] for i in missing])).vectors
