@@ -135,11 +135,11 @@ class ServiceEmbedder:
 class OnnxEmbedder:
     """An export directory in process, through the same backend the service runs."""
 
-    def __init__(self, export_dir: str | Path):
+    def __init__(self, export_dir: str | Path, variant: str = "fp32"):
         from service.backends.onnx import OnnxBackend
 
-        self.encoder = OnnxBackend(export_dir)
-        self.name = self.encoder.manifest.name
+        self.encoder = OnnxBackend(export_dir, variant=variant)
+        self.name = self.encoder.manifest.name + ("" if variant == "fp32" else f" ({variant})")
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encoder.encode(list(texts), normalize=True)
@@ -159,16 +159,19 @@ class TorchEmbedder:
         return self.encoder.encode(list(texts), batch_size=self.batch_size, normalize=True)
 
 
-def load_embedder(url: str | None = None, model: str | Path | None = None) -> Embedder:
+def load_embedder(url: str | None = None, model: str | Path | None = None, variant: str = "fp32") -> Embedder:
     """`url` → the running service; `model` → an export directory (has manifest.json) or a HF /
-    sentence-transformers directory (has config.json). Exactly one of the two."""
+    sentence-transformers directory (has config.json). Exactly one of the two. `variant` picks an
+    export's graph (the service's is chosen by its SEMBED_VARIANT)."""
     if (url is None) == (model is None):
         raise ValueError("give exactly one of url (the running service) or model (a directory)")
+    path = None if model is None else Path(model)
+    if variant != "fp32" and (path is None or not (path / "manifest.json").is_file()):
+        raise ValueError(f"variant {variant} names a graph of an export directory: give --model <export>")
     if url is not None:
         return ServiceEmbedder(url)
-    path = Path(model)
     if (path / "manifest.json").is_file():
-        return OnnxEmbedder(path)
+        return OnnxEmbedder(path, variant)
     if (path / "config.json").is_file():
         return TorchEmbedder(path)
     raise ValueError(f"{model} is neither an export directory (manifest.json + model.onnx) "

@@ -1,7 +1,7 @@
 """STS evaluation as SentEval/SimCSE run it: Spearman × 100 of cosine similarity against gold.
 
     python -m evaluation.sts --url http://localhost:8080 --data-dir ../shared/data [--out results/sts.json]
-    python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir ../shared/data
+    python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir ../shared/data [--variant int8]
 
 Tasks: STS12–16 in the "all" setting (every subset of a year concatenated, one Spearman), STS-B test,
 SICK-R test; "avg" is their mean. Sentences are whitespace-normalised (evaluation.sts_data). The
@@ -90,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="folder holding senteval/STS, senteval/SICK")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
+    parser.add_argument("--variant", default="fp32", help="with --model <export>: which graph (fp32, int8, fp16)")
     parser.add_argument("--label", help="row name in reports (default: the model name, '+(service)' with --url)")
     args = parser.parse_args(argv)
 
-    embedder = load_embedder(args.url, args.model)
+    embedder = load_embedder(args.url, args.model, args.variant)
     label = args.label or (f"{embedder.name} (service)" if args.url else embedder.name)
     start = time.perf_counter()
     results = evaluate_sts(embedder, data_dir=args.data_dir, tasks=args.tasks)
