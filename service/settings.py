@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     metrics_public: bool = Field(True, description="false: /metrics needs a key too")
     cors_origins: str | None = Field(None, description="comma-separated origins allowed to call from a browser "
                                      "('*' for any); unset: no CORS headers")
+    opentelemetry: bool = Field(False, description="FastAPI's native OpenTelemetry spans, metrics and logs, for "
+                                "deployments that configure an OpenTelemetry provider")
     access_log: bool = Field(True, description="one JSON line per request: id, method, path, status, time")
 
     index_backend: Literal["local", "milvus"] = Field("local", description="local: FAISS in this process with a "
