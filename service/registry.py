@@ -78,7 +78,8 @@ def load_engine(settings: Settings, export_dir, metrics: Metrics) -> Engine:
     """Load, warm and verify one export; the engine is not started (slow: off the event loop)."""
     backend = create_backend(settings.backend, export_dir, device=settings.device,
                              intra_op_threads=settings.intra_op_threads,
-                             pad_to_multiple_of=settings.pad_to_multiple_of, variant=settings.variant)
+                             pad_to_multiple_of=settings.pad_to_multiple_of, variant=settings.variant,
+                             spin=settings.intra_op_spinning)
     backend.warmup()
     if hasattr(backend, "self_check"):
         backend.self_check()  # never ready on an export that does not give its recorded vectors

@@ -10,12 +10,12 @@ __all__ = ["Backend", "BackendError", "BackendInfo", "Tokenized", "create_backen
 
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
-                   pad_to_multiple_of: int = 0, variant: str = "fp32") -> Backend:
+                   pad_to_multiple_of: int = 0, variant: str = "fp32", spin: bool = False) -> Backend:
     if kind == "onnx":
         from service.backends.onnx import OnnxBackend
 
         return OnnxBackend(export_dir, device=device, intra_op_threads=intra_op_threads,
-                           pad_to_multiple_of=pad_to_multiple_of, variant=variant)
+                           pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin)
     if kind == "fake":
         from service.backends.fake import FakeBackend
 

@@ -39,7 +39,7 @@ class OnnxBackend:
 
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
                  pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True,
-                 variant: str = "fp32", graph_file: str | None = None):
+                 variant: str = "fp32", graph_file: str | None = None, spin: bool = False):
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -76,8 +76,13 @@ class OnnxBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
             options.intra_op_num_threads = intra_op_threads
-        # Idle intra-op threads would otherwise spin for the CPU the event loop needs between passes.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Spinning: intra-op threads busy-wait between the parallel sections of a pass instead of sleeping
+        # (a wake-up per section costs most on graphs of many small ops, as int8's); never between passes,
+        # where the event loop needs the CPU.
+        if spin:
+            options.add_session_config_entry("session.force_spinning_stop", "1")
+        else:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         available = ort.get_available_providers()
         if device == "cuda":
             if "CUDAExecutionProvider" not in available:
