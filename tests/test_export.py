@@ -183,6 +183,25 @@ def test_the_export_carries_an_fp16_variant_measured_on_the_cpu(default_export):
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)  # normalised in float32
 
 
+def test_the_fp16_golden_check_uses_the_vectors_recorded_for_fp16(default_export, tmp_path):
+    manifest = json.loads((default_export / "manifest.json").read_text())
+    recorded = np.asarray(manifest["variants"]["fp16"]["quality"]["golden_embeddings"])
+    assert 0 < np.abs(recorded - np.asarray(manifest["golden"]["embeddings"])).max() < 1e-3  # fp16's own, not fp32's
+    for tampered_variant in ("fp16", "fp32"):
+        copy = tmp_path / tampered_variant
+        shutil.copytree(default_export, copy)
+        data = json.loads((copy / "manifest.json").read_text())
+        golden = data["variants"]["fp16"]["quality"]["golden_embeddings"] if tampered_variant == "fp16" else \
+            data["golden"]["embeddings"]
+        golden[1][0] += 0.01
+        (copy / "manifest.json").write_text(json.dumps(data))
+        if tampered_variant == "fp16":
+            with pytest.raises(IntegrityError, match=r"\(fp16\) failed its golden check: golden vectors differ"):
+                OnnxBackend(copy, variant="fp16").self_check()
+        else:  # fp32's recorded vectors are not what fp16 is checked against
+            OnnxBackend(copy, variant="fp16").self_check()
+
+
 def test_the_quality_gate_names_the_set_below_the_bar():
     from training.quantize import MIN_MEAN_COSINE, QualityError, check
 

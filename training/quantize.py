@@ -119,104 +119,104 @@ QUALITY_LONG_SENTENCES = [
     "Breakfast was the highlight, with fresh bread, local cheese, fruit and strong coffee served on the terrace "
     "until late morning. The staff were friendly and full of advice about where to eat, and we would happily "
     "stay there again on our next visit to the coast.",
-    'A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk '
-    'of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the forearm.'
-    ' A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a reaction '
-    'without being consumed. A legal document transferring ownership of land. The glacier retreated a kilometre '
-    'in a century. A shallow dish used for growing bacteria in a laboratory. The referee stopped the fight in the'
-    ' third round. A member of a nomadic people of the steppes. Feel deep regret or sorrow for.',
-    'A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. The orchestra rehearsed '
-    'the symphony until midnight. The mayor promised to repair every pothole by summer. Free from dirt, stains or'
-    ' impurities. The committee rejected the proposal without comment. Mark with small spots of a different '
-    'colour. A musical interval of eight notes. Occurring every two years. Capital of a province in northern '
-    'Spain. Put in order or arrange neatly. Prices at the market doubled during the drought. A small boat '
-    'propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk of goats.',
-    'He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow and '
-    'hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The bakery '
-    'sells out of rye bread before noon. Extremely old or old-fashioned. Her novel was translated into twelve '
-    'languages. A tax on imported goods. The software update fixed a serious security flaw. A slender column '
-    'supporting an arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of'
-    ' the daisy family. Lacking in warmth or friendliness.',
-    'Cause to become loose or undone. A device that converts sound into an electrical signal. A migratory bird '
-    'with a forked tail and long wings. Use up resources carelessly or without purpose. A narrow path through a '
-    'dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal sheets. Deprive of '
-    'courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered. The train was '
-    'delayed by a signal failure near the bridge. She folded the letter twice and hid it in a drawer. He tuned '
-    'the old piano by ear. A long narrow inlet of the sea between steep cliffs.',
-    'Children gathered shells along the shore at low tide. Having the shape of a spiral or coil. The spacecraft '
-    'entered orbit around the red planet. Fond of company; sociable. He could not remember where he had parked '
-    'the car. Shout loudly and without restraint. The river flooded the valley after weeks of rain. Showing a '
-    'lack of experience or judgement. The lecture on marine biology was fully booked. A long poem celebrating the'
-    ' deeds of a hero. Covered with a thin layer of frost. An official who keeps the records of a court. Cause to'
-    ' become loose or undone. A device that converts sound into an electrical signal.',
-    'An ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. '
-    '(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring '
-    'ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria '
-    'in a laboratory. The referee stopped the fight in the third round. A member of a nomadic people of the '
-    'steppes. Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the '
-    'circumference of a circle to its diameter. The treaty ended three decades of border disputes.',
-    'Free from dirt, stains or impurities. The committee rejected the proposal without comment. Mark with small '
-    'spots of a different colour. A musical interval of eight notes. Occurring every two years. Capital of a '
-    'province in northern Spain. Put in order or arrange neatly. Prices at the market doubled during the drought.'
-    ' A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk'
-    ' of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the '
-    'forearm. A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a '
-    'reaction without being consumed.',
-    'A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. Extremely old or old-'
-    'fashioned. Her novel was translated into twelve languages. A tax on imported goods. The software update '
-    'fixed a serious security flaw. A slender column supporting an arch. United States inventor of an early '
-    'telegraph (1791-1872). A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. '
-    'The orchestra rehearsed the symphony until midnight. The mayor promised to repair every pothole by summer. '
-    'Free from dirt, stains or impurities. The committee rejected the proposal without comment.',
-    'A narrow path through a dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal'
-    ' sheets. Deprive of courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered.'
-    ' The train was delayed by a signal failure near the bridge. She folded the letter twice and hid it in a '
-    'drawer. He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow '
-    'and hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The '
-    'bakery sells out of rye bread before noon.',
-    'He could not remember where he had parked the car. Shout loudly and without restraint. The river flooded the'
-    ' valley after weeks of rain. Showing a lack of experience or judgement. The lecture on marine biology was '
-    'fully booked. A long poem celebrating the deeds of a hero. Covered with a thin layer of frost. An official '
-    'who keeps the records of a court. Cause to become loose or undone. A device that converts sound into an '
-    'electrical signal. A migratory bird with a forked tail and long wings. Use up resources carelessly or '
-    'without purpose. A narrow path through a dense forest. A disease of cereal crops caused by a fungus.',
-    'The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria in a laboratory. '
-    'The referee stopped the fight in the third round. A member of a nomadic people of the steppes. Feel deep '
-    'regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference of a '
-    'circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells along '
-    'the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the red '
-    'planet. Fond of company; sociable. He could not remember where he had parked the car.',
-    'Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly. Prices '
-    'at the market doubled during the drought. A small boat propelled by oars. Move quickly and lightly over the '
-    'surface. A soft cheese made from the milk of goats. Relating to the kidneys or the surrounding region. An '
-    'ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. '
-    '(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring '
-    'ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria '
-    'in a laboratory.',
-    'A tax on imported goods. The software update fixed a serious security flaw. A slender column supporting an '
-    'arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of the daisy '
-    'family. Lacking in warmth or friendliness. The orchestra rehearsed the symphony until midnight. The mayor '
-    'promised to repair every pothole by summer. Free from dirt, stains or impurities. The committee rejected the'
-    ' proposal without comment. Mark with small spots of a different colour. A musical interval of eight notes. '
-    'Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly.',
-    'A ridge of sand built up by the wind. Worthy of being remembered. The train was delayed by a signal failure '
-    'near the bridge. She folded the letter twice and hid it in a drawer. He tuned the old piano by ear. A long '
-    'narrow inlet of the sea between steep cliffs. Speak in a slow and hesitant manner. They argued about the '
-    'bill for an hour. A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. '
-    'Extremely old or old-fashioned. Her novel was translated into twelve languages. A tax on imported goods. The'
-    ' software update fixed a serious security flaw.',
-    'The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero. Covered with a '
-    'thin layer of frost. An official who keeps the records of a court. Cause to become loose or undone. A device'
-    ' that converts sound into an electrical signal. A migratory bird with a forked tail and long wings. Use up '
-    'resources carelessly or without purpose. A narrow path through a dense forest. A disease of cereal crops '
-    'caused by a fungus. A tool for cutting metal sheets. Deprive of courage or confidence. A ridge of sand built'
-    ' up by the wind. Worthy of being remembered.',
-    'Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference '
-    'of a circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells '
-    'along the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the '
-    'red planet. Fond of company; sociable. He could not remember where he had parked the car. Shout loudly and '
-    'without restraint. The river flooded the valley after weeks of rain. Showing a lack of experience or '
-    'judgement. The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero.',
+    "A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk "
+    "of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the forearm."
+    " A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a reaction "
+    "without being consumed. A legal document transferring ownership of land. The glacier retreated a kilometre "
+    "in a century. A shallow dish used for growing bacteria in a laboratory. The referee stopped the fight in the"
+    " third round. A member of a nomadic people of the steppes. Feel deep regret or sorrow for.",
+    "A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. The orchestra rehearsed "
+    "the symphony until midnight. The mayor promised to repair every pothole by summer. Free from dirt, stains or"
+    " impurities. The committee rejected the proposal without comment. Mark with small spots of a different "
+    "colour. A musical interval of eight notes. Occurring every two years. Capital of a province in northern "
+    "Spain. Put in order or arrange neatly. Prices at the market doubled during the drought. A small boat "
+    "propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk of goats.",
+    "He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow and "
+    "hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The bakery "
+    "sells out of rye bread before noon. Extremely old or old-fashioned. Her novel was translated into twelve "
+    "languages. A tax on imported goods. The software update fixed a serious security flaw. A slender column "
+    "supporting an arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of"
+    " the daisy family. Lacking in warmth or friendliness.",
+    "Cause to become loose or undone. A device that converts sound into an electrical signal. A migratory bird "
+    "with a forked tail and long wings. Use up resources carelessly or without purpose. A narrow path through a "
+    "dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal sheets. Deprive of "
+    "courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered. The train was "
+    "delayed by a signal failure near the bridge. She folded the letter twice and hid it in a drawer. He tuned "
+    "the old piano by ear. A long narrow inlet of the sea between steep cliffs.",
+    "Children gathered shells along the shore at low tide. Having the shape of a spiral or coil. The spacecraft "
+    "entered orbit around the red planet. Fond of company; sociable. He could not remember where he had parked "
+    "the car. Shout loudly and without restraint. The river flooded the valley after weeks of rain. Showing a "
+    "lack of experience or judgement. The lecture on marine biology was fully booked. A long poem celebrating the"
+    " deeds of a hero. Covered with a thin layer of frost. An official who keeps the records of a court. Cause to"
+    " become loose or undone. A device that converts sound into an electrical signal.",
+    "An ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. "
+    "(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring "
+    "ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria "
+    "in a laboratory. The referee stopped the fight in the third round. A member of a nomadic people of the "
+    "steppes. Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the "
+    "circumference of a circle to its diameter. The treaty ended three decades of border disputes.",
+    "Free from dirt, stains or impurities. The committee rejected the proposal without comment. Mark with small "
+    "spots of a different colour. A musical interval of eight notes. Occurring every two years. Capital of a "
+    "province in northern Spain. Put in order or arrange neatly. Prices at the market doubled during the drought."
+    " A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk"
+    " of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the "
+    "forearm. A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a "
+    "reaction without being consumed.",
+    "A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. Extremely old or old-"
+    "fashioned. Her novel was translated into twelve languages. A tax on imported goods. The software update "
+    "fixed a serious security flaw. A slender column supporting an arch. United States inventor of an early "
+    "telegraph (1791-1872). A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. "
+    "The orchestra rehearsed the symphony until midnight. The mayor promised to repair every pothole by summer. "
+    "Free from dirt, stains or impurities. The committee rejected the proposal without comment.",
+    "A narrow path through a dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal"
+    " sheets. Deprive of courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered."
+    " The train was delayed by a signal failure near the bridge. She folded the letter twice and hid it in a "
+    "drawer. He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow "
+    "and hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The "
+    "bakery sells out of rye bread before noon.",
+    "He could not remember where he had parked the car. Shout loudly and without restraint. The river flooded the"
+    " valley after weeks of rain. Showing a lack of experience or judgement. The lecture on marine biology was "
+    "fully booked. A long poem celebrating the deeds of a hero. Covered with a thin layer of frost. An official "
+    "who keeps the records of a court. Cause to become loose or undone. A device that converts sound into an "
+    "electrical signal. A migratory bird with a forked tail and long wings. Use up resources carelessly or "
+    "without purpose. A narrow path through a dense forest. A disease of cereal crops caused by a fungus.",
+    "The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria in a laboratory. "
+    "The referee stopped the fight in the third round. A member of a nomadic people of the steppes. Feel deep "
+    "regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference of a "
+    "circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells along "
+    "the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the red "
+    "planet. Fond of company; sociable. He could not remember where he had parked the car.",
+    "Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly. Prices "
+    "at the market doubled during the drought. A small boat propelled by oars. Move quickly and lightly over the "
+    "surface. A soft cheese made from the milk of goats. Relating to the kidneys or the surrounding region. An "
+    "ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. "
+    "(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring "
+    "ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria "
+    "in a laboratory.",
+    "A tax on imported goods. The software update fixed a serious security flaw. A slender column supporting an "
+    "arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of the daisy "
+    "family. Lacking in warmth or friendliness. The orchestra rehearsed the symphony until midnight. The mayor "
+    "promised to repair every pothole by summer. Free from dirt, stains or impurities. The committee rejected the"
+    " proposal without comment. Mark with small spots of a different colour. A musical interval of eight notes. "
+    "Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly.",
+    "A ridge of sand built up by the wind. Worthy of being remembered. The train was delayed by a signal failure "
+    "near the bridge. She folded the letter twice and hid it in a drawer. He tuned the old piano by ear. A long "
+    "narrow inlet of the sea between steep cliffs. Speak in a slow and hesitant manner. They argued about the "
+    "bill for an hour. A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. "
+    "Extremely old or old-fashioned. Her novel was translated into twelve languages. A tax on imported goods. The"
+    " software update fixed a serious security flaw.",
+    "The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero. Covered with a "
+    "thin layer of frost. An official who keeps the records of a court. Cause to become loose or undone. A device"
+    " that converts sound into an electrical signal. A migratory bird with a forked tail and long wings. Use up "
+    "resources carelessly or without purpose. A narrow path through a dense forest. A disease of cereal crops "
+    "caused by a fungus. A tool for cutting metal sheets. Deprive of courage or confidence. A ridge of sand built"
+    " up by the wind. Worthy of being remembered.",
+    "Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference "
+    "of a circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells "
+    "along the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the "
+    "red planet. Fond of company; sociable. He could not remember where he had parked the car. Shout loudly and "
+    "without restraint. The river flooded the valley after weeks of rain. Showing a lack of experience or "
+    "judgement. The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero.",
 ]
 
 
