@@ -11,7 +11,8 @@ COPY evaluation ./evaluation
 # The CPU build of torch keeps this stage small; it never reaches the runtime image.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt ".[train]"
 ARG MODEL=default
-RUN python -m training.export --model "${MODEL}" --out /models/default
+# No fp16 variant: the runtime image has onnxruntime's CPU build, and fp16 is for GPUs.
+RUN python -m training.export --model "${MODEL}" --out /models/default --no-fp16
 
 FROM python:3.11-slim AS runtime
 WORKDIR /app

@@ -82,3 +82,25 @@ def test_an_export_must_give_back_its_recorded_golden_vectors(default_export, tm
     (other_tokenizer / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(IntegrityError, match="golden check"):
         OnnxBackend(other_tokenizer).self_check()
+
+
+def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export, monkeypatch):
+    """No GPU here: onnxruntime is told it has CUDA, and the session it is asked for is recorded, not run."""
+    import onnxruntime as ort
+
+    from service.backends.onnx import GOLDEN_TOLERANCE, OTHER_DEVICE_GOLDEN_TOLERANCE
+
+    asked = {}
+
+    class Session:
+        def __init__(self, path, options, providers):
+            asked.update(path=path, providers=providers)
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", Session)
+    backend = OnnxBackend(default_export, device="cuda", variant="fp16")
+    assert asked["path"].endswith("model.fp16.onnx") and asked["providers"][0] == "CUDAExecutionProvider"
+    assert backend.info.variant == "fp16" and backend.pad_to_multiple_of == 8
+    # its golden vectors were recorded on the export's CPU: a GPU's float16 kernels round differently
+    assert backend._golden_tolerance == OTHER_DEVICE_GOLDEN_TOLERANCE > GOLDEN_TOLERANCE
+    assert OnnxBackend(default_export, variant="fp16", pad_to_multiple_of=1)._golden_tolerance == GOLDEN_TOLERANCE

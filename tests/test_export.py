@@ -140,31 +140,106 @@ FIXTURE_DATA = Path(__file__).parent / "fixtures" / "eval"
 
 
 def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_export):
-    from service.backends.onnx import OnnxBackend
-
     manifest = Manifest.load(default_export)
-    assert set(manifest.variants) == {"fp32", "int8"}
+    assert set(manifest.variants) == {"fp32", "int8", "fp16"}
     int8 = manifest.variants["int8"]
     assert int8["sha256"] == sha256_file(default_export / int8["file"])
-    assert int8["quality"]["mean_cosine_to_fp32"] >= 0.98 and int8["quality"]["stsb_dev_delta"] is None
+    quality = int8["quality"]
+    # the gate: at least 0.99 on the short sentences and on the long passages, measured here on the CPU
+    assert quality["mean_cosine_to_fp32"] >= 0.99 and quality["mean_cosine_to_fp32_long"] >= 0.99
+    assert quality["min_cosine_to_fp32_long"] <= quality["mean_cosine_to_fp32_long"]
+    assert quality["stsb_dev_delta"] is None and quality["measured_on"] == "cpu"
     texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday."]
     quantised = OnnxBackend(default_export, variant="int8")
     quantised.self_check()  # its own recorded golden vectors
     a, b = quantised.encode(texts), OnnxBackend(default_export).encode(texts)
     assert not np.array_equal(a, b) and ((a * b).sum(axis=1) > 0.97).all()  # really int8, and close
-    assert (default_export / int8["file"]).stat().st_size < 0.3 * (default_export / "model.onnx").stat().st_size
+    ops = [n.op_type for n in onnx.load(str(default_export / int8["file"]), load_external_data=False).graph.node]
+    # all quantised but the feed-forward output MatMuls of layers 0 and 2 (and the pooling's, which has no weight)
+    assert (ops.count("QAttention"), ops.count("MatMulInteger"), ops.count("MatMul")) == (6, 16, 3)
+    assert (default_export / int8["file"]).stat().st_size < 0.35 * (default_export / "model.onnx").stat().st_size
+
+
+def test_the_export_carries_an_fp16_variant_measured_on_the_cpu(default_export):
+    manifest = Manifest.load(default_export)
+    fp16 = manifest.variants["fp16"]
+    assert fp16["file"] == "model.fp16.onnx" and fp16["sha256"] == sha256_file(default_export / fp16["file"])
+    quality = fp16["quality"]
+    assert quality["mean_cosine_to_fp32"] >= 0.999 and quality["mean_cosine_to_fp32_long"] >= 0.999
+    # what was measured, and on what: never presented as a GPU measurement
+    assert quality["measured_on"] == "cpu" and "not on a GPU" in quality["note"]
+    assert {"Attention", "MatMul"} <= set(quality["cpu_float32_ops"])  # no float16 kernels for them on the CPU
+    graph = onnx.load(str(default_export / fp16["file"]), load_external_data=False).graph
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in graph.initializer)  # the weights are float16
+    kinds = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)}
+    assert kinds == {"input_ids": onnx.TensorProto.INT64, "attention_mask": onnx.TensorProto.INT64,
+                     "token_type_ids": onnx.TensorProto.INT64, "embedding": onnx.TensorProto.FLOAT,
+                     "embedding_raw": onnx.TensorProto.FLOAT}  # the service feeds and reads it as fp32's
+    half = OnnxBackend(default_export, variant="fp16")
+    half.self_check()  # its own recorded golden vectors, unit length
+    texts = ["A man is playing a guitar.", " ".join(["A long text about music and guitars."] * 30)]
+    a, b = half.encode(texts), OnnxBackend(default_export).encode(texts)
+    assert not np.array_equal(a, b) and ((a * b).sum(axis=1) > 0.999).all()
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)  # normalised in float32
+
+
+def test_the_fp16_golden_check_uses_the_vectors_recorded_for_fp16(default_export, tmp_path):
+    manifest = json.loads((default_export / "manifest.json").read_text())
+    recorded = np.asarray(manifest["variants"]["fp16"]["quality"]["golden_embeddings"])
+    assert 0 < np.abs(recorded - np.asarray(manifest["golden"]["embeddings"])).max() < 1e-3  # fp16's own, not fp32's
+    for tampered_variant in ("fp16", "fp32"):
+        copy = tmp_path / tampered_variant
+        shutil.copytree(default_export, copy)
+        data = json.loads((copy / "manifest.json").read_text())
+        golden = data["variants"]["fp16"]["quality"]["golden_embeddings"] if tampered_variant == "fp16" else \
+            data["golden"]["embeddings"]
+        golden[1][0] += 0.01
+        (copy / "manifest.json").write_text(json.dumps(data))
+        if tampered_variant == "fp16":
+            with pytest.raises(IntegrityError, match=r"\(fp16\) failed its golden check: golden vectors differ"):
+                OnnxBackend(copy, variant="fp16").self_check()
+        else:  # fp32's recorded vectors are not what fp16 is checked against
+            OnnxBackend(copy, variant="fp16").self_check()
+
+
+def test_the_quality_gate_names_the_set_below_the_bar():
+    from training.quantize import MIN_MEAN_COSINE, QualityError, check
+
+    assert MIN_MEAN_COSINE == 0.99
+    passing = {"mean_cosine_to_fp32": 0.995, "mean_cosine_to_fp32_long": 0.991, "stsb_dev_delta": -0.2}
+    check(passing)
+    with pytest.raises(QualityError, match=r"int8: its mean cosine to fp32 on the long passages is 0\.9877 "
+                                           r"\(below 0\.99\)"):
+        check({**passing, "mean_cosine_to_fp32_long": 0.9877})
+    with pytest.raises(QualityError, match=r"fp16: its mean cosine to fp32 on the short sentences is 0\.9800"):
+        check({**passing, "mean_cosine_to_fp32": 0.98}, variant="fp16")
+    with pytest.raises(QualityError, match="short sentences .*; .*long passages .*; it loses 0.60 STS-B dev"):
+        check({"mean_cosine_to_fp32": 0.98, "mean_cosine_to_fp32_long": 0.97, "stsb_dev_delta": -0.6})
+
+
+def test_a_variant_below_the_cosine_bar_is_left_out(tiny_model_dir, tmp_path, capsys):
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    refused = export_onnx(encoder, tmp_path / "refused", min_cosine=1.01)  # no graph is that close
+    assert set(refused.variants) == {"fp32"}
+    assert not (tmp_path / "refused" / "model.int8.onnx").exists()
+    assert not (tmp_path / "refused" / "model.fp16.onnx").exists()
+    err = capsys.readouterr().err
+    assert "int8 variant left out: int8: its mean cosine to fp32 on the short sentences is" in err
+    assert "fp16 variant left out" in err and "(below 1.01)" in err
 
 
 def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_path):
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
     kept = export_onnx(encoder, tmp_path / "kept", data_dir=FIXTURE_DATA)
-    assert kept.variants["int8"]["quality"]["stsb_dev_delta"] is not None  # measured on the fixture's STS-B dev
+    for name in ("int8", "fp16"):  # measured on the fixture's STS-B dev
+        assert kept.variants[name]["quality"]["stsb_dev_delta"] is not None
     refused = export_onnx(encoder, tmp_path / "refused", data_dir=FIXTURE_DATA, max_stsb_drop=-100.0)
     assert set(refused.variants) == {"fp32"} and not (tmp_path / "refused" / "model.int8.onnx").exists()
-    assert set(export_onnx(encoder, tmp_path / "plain", int8=False).variants) == {"fp32"}
+    assert set(export_onnx(encoder, tmp_path / "plain", int8=False, fp16=False).variants) == {"fp32"}
+    assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8"}
 
 
-def test_the_service_serves_the_variant_it_is_told(default_export):
+def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path):
     from fastapi.testclient import TestClient
 
     from service.app import create_app
@@ -173,6 +248,11 @@ def test_the_service_serves_the_variant_it_is_told(default_export):
     with TestClient(create_app(Settings(model_dir=default_export, variant="int8"))) as c:
         assert c.get("/info").json()["model_dtype"] == "int8"
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
+    # fp16 on the CPU: onnxruntime runs it (most ops in float32 through casts) and it passes its golden check
+    with TestClient(create_app(Settings(model_dir=default_export, variant="fp16"))) as c:
+        assert c.get("/info").json()["model_dtype"] == "float16"
+        assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
+    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e", fp16=False)
     with pytest.raises(ValueError, match="has no fp16 variant"), \
-            TestClient(create_app(Settings(model_dir=default_export, variant="fp16"))):
+            TestClient(create_app(Settings(model_dir=tmp_path / "e", variant="fp16"))):
         pass

@@ -111,14 +111,17 @@ def export_onnx(
     training: dict[str, Any] | None = None,
     tolerance: float = PARITY_TOLERANCE,
     int8: bool = True,
+    fp16: bool = True,
     data_dir: str | Path | None = None,
     max_stsb_drop: float = quantize.MAX_STSB_DROP,
+    min_cosine: float = quantize.MIN_MEAN_COSINE,
 ) -> Manifest:
     """Write the export directory atomically: a failed parity check leaves nothing behind.
 
     A CrossEncoder exports as a pair scorer (manifest kind "cross-encoder"). Beside an embedding
-    model's fp32 graph, an int8 variant (training/quantize.py) with its measured quality; given a
-    `data_dir` holding STS-B dev, one that loses more than `max_stsb_drop` Spearman points is left out.
+    model's fp32 graph, int8 and fp16 variants (training/quantize.py) with their measured quality: one
+    whose mean cosine to fp32 is under `min_cosine` on the short sentences or on the long passages, or,
+    given a `data_dir` holding STS-B dev, that loses more than `max_stsb_drop` Spearman points, is left out.
     """
     out_dir = Path(out_dir)
     if isinstance(encoder, CrossEncoder):
@@ -159,8 +162,7 @@ def export_onnx(
         )
         manifest.save(staging)
         manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
-        if int8:
-            manifest.variants.update(_int8_variant(encoder, staging, data_dir, max_stsb_drop))
+        manifest.variants.update(_variants(encoder, staging, data_dir, max_stsb_drop, min_cosine, int8, fp16))
         manifest.save(staging)
     return manifest
 
@@ -280,19 +282,40 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
     return manifest
 
 
-def _int8_variant(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float) -> dict[str, Any]:
-    config = encoder.transformer.config
-    path = staging / quantize.INT8_FILE
-    quantize.build_int8(staging / GRAPH_FILE, path, config.num_attention_heads, config.hidden_size)
-    stsb_dev = _stsb_dev(data_dir)
-    quality = quantize.measure(staging, quantize.INT8_FILE, stsb_dev)
-    try:
-        quantize.check(quality, max_stsb_drop)
-    except quantize.QualityError as e:
-        print(f"int8 variant left out: {e}", file=sys.stderr)
-        path.unlink()
+def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
+              int8: bool, fp16: bool) -> dict[str, Any]:
+    """The int8 and fp16 graphs beside fp32, from one pass of transformer fusions, each with its quality
+    measured here against fp32 (training/quantize.py); one that fails `quantize.check` is not written."""
+    builders = {name: (file, build) for name, file, build, wanted in (
+        ("int8", quantize.INT8_FILE, quantize.build_int8, int8),
+        ("fp16", quantize.FP16_FILE, quantize.build_fp16, fp16)) if wanted}
+    if not builders:
         return {}
-    return {"int8": {"file": quantize.INT8_FILE, "sha256": sha256_file(path), "quality": quality}}
+    config = encoder.transformer.config
+    fused = staging / ".fused.onnx"
+    try:
+        source = quantize.fuse(staging / GRAPH_FILE, fused, config.num_attention_heads, config.hidden_size)
+        for file, build in builders.values():
+            build(source, staging / file)
+    finally:
+        fused.unlink(missing_ok=True)
+    stsb_dev = _stsb_dev(data_dir)
+    reference = quantize.Reference(staging, stsb_dev)
+    entries = {}
+    for name, (file, _) in builders.items():
+        path = staging / file
+        quality = quantize.measure(staging, file, stsb_dev, reference)
+        if name == "fp16":
+            float32_ops = quantize.cpu_float32_ops(path)
+            quality.update(cpu_float32_ops=float32_ops, note=quantize.fp16_note(float32_ops))
+        try:
+            quantize.check(quality, max_stsb_drop, min_cosine, variant=name)
+        except quantize.QualityError as e:
+            print(f"{name} variant left out: {e}", file=sys.stderr)
+            path.unlink()
+            continue
+        entries[name] = {"file": file, "sha256": sha256_file(path), "quality": quality}
+    return entries
 
 
 def _stsb_dev(data_dir) -> list[tuple[str, str, float]] | None:
@@ -314,9 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pooling", choices=POOLINGS, help="override the model's own pooling config")
     parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
     parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
-    parser.add_argument("--no-int8", action="store_true", help="write the fp32 graph only")
-    parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the int8 "
-                        "variant's STS-B dev Spearman is measured and checked")
+    parser.add_argument("--no-int8", action="store_true", help="write no int8 variant")
+    parser.add_argument("--no-fp16", action="store_true", help="write no fp16 variant")
+    parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the "
+                        "variants' STS-B dev Spearman is measured and checked")
     args = parser.parse_args(argv)
 
     model_dir = resolve_model(args.model)
@@ -326,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length)
         encoder.base_model = model_label(args.model)  # not a site-packages path for the default
-    manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, data_dir=args.data_dir)
+    manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
+                           data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
           f"normalize {encoder.normalize}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
@@ -334,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         if "quality" in entry:
             q = entry["quality"]
             delta = "n/a (no --data-dir)" if q["stsb_dev_delta"] is None else f"{q['stsb_dev_delta']:+.2f}"
-            print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f}, STS-B dev Spearman {delta}")
+            print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f} (short sentences), "
+                  f"{q['mean_cosine_to_fp32_long']:.4f} (long passages), STS-B dev Spearman {delta}"
+                  f" (measured on {q['measured_on']})")
     print(f"serve it with: MODEL_DIR={args.out} make serve")
     return 0
 
