@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST_FILE = "manifest.json"
 GRAPH_FILE = "model.onnx"
-FORMAT_VERSION = 1
+#: 2: `variants` (each graph with its sha256 and measured quality) and `golden`; a version-1 manifest
+#: (neither) still loads, a newer one than this code knows is refused
+FORMAT_VERSION = 2
 #: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
 EMBEDDING, CROSS_ENCODER = "embedding", "cross-encoder"
 SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]
@@ -49,7 +51,11 @@ class Manifest(BaseModel):
         path = Path(export_dir) / MANIFEST_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: is {export_dir} an export directory?")
-        return cls.model_validate_json(path.read_text())
+        manifest = cls.model_validate_json(path.read_text())
+        if manifest.format_version > FORMAT_VERSION:
+            raise ValueError(f"{path} is manifest format {manifest.format_version}; this service reads up to "
+                             f"{FORMAT_VERSION}: upgrade the service, or re-export with this version")
+        return manifest
 
     def save(self, export_dir: str | Path) -> None:
         (Path(export_dir) / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n")
