@@ -43,7 +43,7 @@ from service.index.base import (
     WriteResult,
 )
 from service.index.collection import Collection
-from service.index.filters import compile_filter
+from service.index.filters import parse_filter
 from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
@@ -140,7 +140,7 @@ class LocalIndex:
             raise InvalidRequest("delete takes either ids or a filter")
         self._get(name)
         if filter is not None:
-            compile_filter(filter)  # refuse a bad filter before it is queued
+            parse_filter(filter)  # refuse a bad filter before it is queued
         return self._submit({"op": "delete", "c": name, "ids": ids, "filter": filter})
 
     def clear(self, name: str) -> WriteResult:

@@ -121,6 +121,10 @@ class VectorSet:
             self._dead_covered += int(np.count_nonzero(slots < self._covered))
             self._wake.set()
 
+    def live_flags(self) -> np.ndarray:
+        """The live flag of each slot (at least `n` of them; the array is replaced when it grows)."""
+        return self._live
+
     def vector(self, slot: int) -> np.ndarray:
         return self._vectors[slot]
 
