@@ -99,8 +99,10 @@ class Collection:
             slot = self._slot_of.get(i)
             doc = self._docs[slot] if slot is not None else None
             if doc is not None:
-                vector = self.vectors.vector(slot).tolist() if with_vector else None
-                records.append(Record(doc.id, doc.text, doc.metadata, vector))
+                vector = self.vectors.vector(slot) if with_vector else None
+                if with_vector and vector is None:  # deleted while we read
+                    continue
+                records.append(Record(doc.id, doc.text, doc.metadata, None if vector is None else vector.tolist()))
         return records
 
     def scan(self, batch: int):
@@ -119,9 +121,12 @@ class Collection:
                 doc = self._docs[slot] if slot >= 0 else None
                 if doc is None or (params.score_threshold is not None and score < params.score_threshold):
                     continue
+                vector = self.vectors.vector(slot) if params.with_vector else None
+                if params.with_vector and vector is None:  # deleted while we searched
+                    continue
                 hits.append(Hit(doc.id, doc.text if params.with_text else None,
                                 doc.metadata if params.with_metadata else None,
-                                self.vectors.vector(slot).tolist() if params.with_vector else None, score))
+                                None if vector is None else vector.tolist(), score))
             results.append(hits)
         return results
 
@@ -129,7 +134,8 @@ class Collection:
 
     def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document], int]:
         """(spec, vectors, live rows, their documents, sequence), called by the committer between
-        writes; the snapshot thread gathers vectors[rows] later, as written rows never change."""
+        writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows never
+        change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]
