@@ -4,8 +4,9 @@
      documents already indexed: once with snapshots held off, once with the default snapshot
      settings (every 10,000 writes or 300 s), p50/p99 latency;
   2. Flat vs HNSW vs IVF at each size of 100k and up: fill time (batched upserts), build time (until
-     the background builder covers every slot), memory (RSS growth, and the FAISS structure's
-     serialized size), queries per second one query at a time and in batches, recall@10 against
+     the background builder covers every slot), memory (RSS growth, the FAISS structure's serialized
+     size, the slot array, and the vectors held in all: slot array + the structure's vectors or codes;
+     HNSW holds one copy), queries per second one query at a time and in batches, recall@10 against
      Flat, with a small sweep of efSearch / nprobe;
   3. filtered search matching 50%, 5% and 0.1% of documents: queries per second, recall@10 against
      exact filtered search, whether any result came back short, and the time of a search whose filter
@@ -231,10 +232,13 @@ def measure_type(index_type: str, data, b, queries, truth, filter_truth, args, f
         row["built"], row["covered"] = built, share
         row["rss_mb"] = rss_mb() - rss0
         row["structure_mb"] = structure_mb(index, path)
-        row["slots_mb"] = len(data) * DIM * 4 / 2**20
+        held = index._collections[NAME].vectors.memory()
+        row["slots_mb"] = held["slots"] / 2**20  # the slot array (HNSW: only what the structure lacks)
+        row["vectors_mb"] = (held["slots"] + held["structure_vectors"]) / 2**20  # every copy of the vectors
         print(f"  {index_type}: filled in {row['fill_s']:.1f} s, built {'in' if built else 'NOT within'} "
               f"{row['build_s']:.1f} s ({share:.0%} covered), RSS +{row['rss_mb']:.0f} MB, "
-              f"structure {row['structure_mb']:.0f} MB", flush=True)
+              f"structure {row['structure_mb']:.0f} MB, slot array {row['slots_mb']:.0f} MB, vectors held "
+              f"{row['vectors_mb']:.0f} MB ({len(data) * DIM * 4 / 2**20:.0f} MB per copy)", flush=True)
         if queries is not None:
             row["search"] = search_rows(index, index_type, queries, truth, args)
             row["filtered"] = filtered_rows(index, queries, filter_truth, args)
@@ -461,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     return report(results, sizes, args)
 
 
+def _mb(row: dict, key: str) -> str:
+    """A memory figure of the slot array / vectors held; '-' for a report from before they were measured."""
+    return f"{row[key]:>7.0f}MB" if "vectors_mb" in row else f"{'-':>9}"
+
+
 def report(results: dict, sizes: list[int], args) -> int:
     print(f"\n{'acknowledged writes (fsync)':<30}{'indexed':>10}{'writes/s':>10}{'p50':>9}{'p99':>9}"
           f"{'writes/s':>12}{'p50':>9}{'p99':>9}")
@@ -475,14 +484,14 @@ def report(results: dict, sizes: list[int], args) -> int:
         print(f"{'4 writers, 1 doc each':<30}{n:>10,}{a['rate']:>10.0f}{a['p50_ms']:>7.1f}ms{a['p99_ms']:>7.1f}ms"
               f"{d['rate']:>12.0f}{d['p50_ms']:>7.1f}ms{d['p99_ms']:>7.1f}ms")
     print(f"\n{'search':<22}{'n':>10}{'setting':>12}{'q/s 1':>9}{'q/s batch':>11}{'recall@10':>11}"
-          f"{'fill':>8}{'build':>9}{'RSS +':>9}{'FAISS':>9}")
+          f"{'fill':>8}{'build':>9}{'RSS +':>9}{'FAISS':>9}{'slots':>9}{'vectors':>9}")
     for n in sizes:
         for r in results["sizes"][n]:
             for s in r.get("search", []):
                 build = f"{r['build_s']:.0f}s" if r["built"] else f">{r['build_s']:.0f}s"
                 print(f"{r['type']:<22}{n:>10,}{s['setting']:>12}{s['single_qps']:>9.1f}{s['batch_qps']:>11.1f}"
                       f"{s.get('recall_vs_flat', s['recall']):>11.4f}{r['fill_s']:>7.0f}s{build:>9}"
-                      f"{r['rss_mb']:>7.0f}MB{r['structure_mb']:>7.0f}MB")
+                      f"{r['rss_mb']:>7.0f}MB{r['structure_mb']:>7.0f}MB{_mb(r, 'slots_mb')}{_mb(r, 'vectors_mb')}")
     print(f"\n{'filtered search':<22}{'n':>10}{'matching':>10}{'q/s 1':>9}{'recall@10':>11}{'short':>9}"
           f"{'new filter':>12}")
     for n in sizes:
