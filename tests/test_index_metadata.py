@@ -165,7 +165,8 @@ def test_a_reader_bounds_its_mask_to_the_slots_it_was_given():
 
 
 @pytest.mark.parametrize("bad,message", [
-    ({"i": {"$regex": "x"}}, "filter i: unknown operator '$regex'; use one of $eq, $ne, $in, $nin, $gt, $gte, $lt, $lte"),
+    ({"i": {"$regex": "x"}},
+     "filter i: unknown operator '$regex'; use one of $eq, $ne, $in, $nin, $gt, $gte, $lt, $lte"),
     ({"$not": {"i": 1}}, "unknown filter operator '$not' at the top of a clause; use a field name, $and or $or"),
     ({"i": {"$gt": "a"}}, "filter i: $gt takes a number"),
     ({"i": {"$in": []}}, "filter i: $in takes a list of 1 to 1024 values"),

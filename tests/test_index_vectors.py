@@ -89,6 +89,26 @@ def test_reads_of_covered_slots_and_search_results_are_unchanged():
     vs.close()
 
 
+def test_reads_spanning_the_structure_and_the_slot_array():
+    n = 3000
+    x = data(n + 200)
+    vs = VectorSet(DIM, "HNSW16", background=False)
+    fill(vs, x[:n])
+    vs.build_now()
+    vs.append(x[n:])  # not covered yet: in the slot array, above its base
+    assert vs._store[1] == n
+    rows = np.arange(0, n + 200, 5)
+    assert np.array_equal(vs.view()[0][rows], x[rows])
+    allowed = np.arange(n - 300, n + 200)
+    queries = data(5, seed=2)
+    _, slots = vs.search(queries, 10, allowed)
+    assert np.array_equal(slots, allowed[np.argsort(-(queries @ x[allowed].T), axis=1)[:, :10]])
+    vs.kill(np.arange(n - 300, n - 200))
+    vectors, found = vs._gather(allowed, vs._store, vs._ann)
+    assert found.all() and np.array_equal(vectors, x[allowed])  # dead but not rebuilt: still readable
+    vs.close()
+
+
 def test_concurrent_writes_builds_and_reads_see_the_vectors_written(monkeypatch):
     monkeypatch.setattr(vectors_module, "BUILD_CHUNK", 256)
     monkeypatch.setattr(vectors_module, "TRIM_MIN", 256)

@@ -103,6 +103,7 @@ class VectorSet:
         self._covered = 0
         self._dead_covered = 0
         self._holds_vectors = self.type.kind == "hnsw"  # the structure keeps full vectors: no second copy
+        self._arrays = None  # (structure, its size, ids, vectors): numpy views of its memory, under _ann_lock
         self._ann_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -202,19 +203,36 @@ class VectorSet:
         high = slots >= base
         if high.all():
             return array[slots - base], high
-        out = np.empty((len(slots), self.dimension), dtype=np.float32)
-        out[high] = array[slots[high] - base]
-        found = high.copy()
+        if ann is None or not ann.ntotal:
+            out = np.zeros((len(slots), self.dimension), dtype=np.float32)
+            out[high] = array[slots[high] - base]
+            return out, high
         low = np.flatnonzero(~high)
-        if ann is not None and ann.ntotal:
-            with self._ann_lock:  # the storage may move while the builder adds to it
-                ids, stored = _hnsw_arrays(ann, self.dimension)
-                pos = np.searchsorted(ids, slots[low])
-                ok = pos < len(ids)
-                ok[ok] = ids[pos[ok]] == slots[low[ok]]
-                out[low[ok]] = stored[pos[ok]]
-            found[low[ok]] = True
+        with self._ann_lock:  # the storage may move while the builder adds to it
+            ids, stored = self._structure_arrays(ann)
+            pos = np.searchsorted(ids, slots[low])
+            np.minimum(pos, len(ids) - 1, out=pos)
+            ok = ids[pos] == slots[low]
+            if len(low) == len(slots) and ok.all():  # the usual case once trimmed: one copy
+                return stored[pos], ok
+            out = np.zeros((len(slots), self.dimension), dtype=np.float32)
+            out[low[ok]] = stored[pos[ok]]
+        out[high] = array[slots[high] - base]
+        found = high
+        found[low[ok]] = True
         return out, found
+
+    def _structure_arrays(self, ann) -> tuple[np.ndarray, np.ndarray]:
+        """(ids by position, vectors by position) of an IndexIDMap(IndexHNSWFlat): views of FAISS memory,
+        valid while it holds the same number of vectors (only an add moves them). Under _ann_lock."""
+        cached = self._arrays
+        if cached is None or cached[0] is not ann or cached[1] != ann.ntotal:
+            storage = faiss.downcast_index(faiss.downcast_index(ann.index).storage)
+            ntotal = ann.ntotal
+            ids = faiss.rev_swig_ptr(ann.id_map.data(), ntotal)
+            stored = faiss.rev_swig_ptr(storage.get_xb(), ntotal * self.dimension).reshape(ntotal, self.dimension)
+            cached = self._arrays = (ann, ntotal, ids, stored)
+        return cached[2], cached[3]
 
     # search -----------------------------------------------------------------------------------
 
@@ -386,15 +404,6 @@ class _Rows:
         if not found.all():
             raise RuntimeError(f"{int(np.count_nonzero(~found))} live vectors are missing from the structure")
         return vectors
-
-
-def _hnsw_arrays(ann, dimension: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids by position, vectors by position) of an IndexIDMap(IndexHNSWFlat): views of FAISS memory,
-    valid only while the index does not grow (the caller holds _ann_lock)."""
-    storage = faiss.downcast_index(faiss.downcast_index(ann.index).storage)
-    ids = faiss.rev_swig_ptr(ann.id_map.data(), ann.ntotal)
-    stored = faiss.rev_swig_ptr(storage.get_xb(), storage.ntotal * dimension).reshape(storage.ntotal, dimension)
-    return ids, stored
 
 
 def _top(scores: np.ndarray, rows: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
