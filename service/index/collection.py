@@ -20,9 +20,9 @@ from service.index.vectors import VectorSet
 
 
 class Collection:
-    def __init__(self, spec: CollectionSpec, background: bool = True):
+    def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto"):
         self.spec = spec
-        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background)
+        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu)
         self._docs: list[Document | None] = []  # by slot
         self._slot_of: dict[str, int] = {}
         self._metadata = MetadataIndex()  # filters as numpy masks over slots

@@ -19,6 +19,10 @@ array (the array restarts at `base`), and a read of a covered slot (exact search
 slots, a returned vector, a snapshot, a rebuild) gathers it from the structure's storage under
 `_ann_lock`, finding its position in the structure's sorted id list. IVF stores compressed codes,
 so for IVF (and Flat) the array holds every slot, as before.
+
+On a GPU (gpu.py, SEMBED_INDEX_GPU=auto with faiss-gpu and a GPU present), Flat and IVF keep a GPU
+copy for unfiltered search: IVF's structure copied with index_cpu_to_gpu and fed the same chunks, and
+for Flat an exact IndexFlatIP on the GPU whose positions are slots, built by the same builder thread.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from service.index import gpu
 from service.index.base import InvalidRequest
 
 _HNSW = re.compile(r"^HNSW(\d{1,3})$")
@@ -88,9 +93,13 @@ class VectorSet:
     a write and the builder's trimming of the slot array apart; the builder thread and every reader
     of the structure share `_ann_lock`, since a FAISS index may not be read while it grows."""
 
-    def __init__(self, dimension: int, index_type: str, background: bool = True):
+    def __init__(self, dimension: int, index_type: str, background: bool = True, gpu_mode: str = "auto"):
         self.dimension = dimension
         self.type = parse_index_type(index_type, dimension)
+        # GPU resources when a GPU copy is kept (Flat, IVF; never HNSW); the copy covers the same slots as
+        # `_covered` (for Flat, `_covered` and `_dead_covered` count what the GPU copy holds).
+        self._gpu = gpu.resources(gpu_mode) if self.type.kind != "hnsw" else None
+        self._gpu_ann = None
         # (rows, base): the vectors of slots base, base + 1, ... (replaced, never shrunk in place, so a
         # reader holding one sees rows that never change). base > 0 only for HNSW: slots below it are
         # read from the structure.
@@ -108,7 +117,7 @@ class VectorSet:
         self._wake = threading.Event()
         self._closed = False
         self._builder = None
-        if self.type.kind != "flat" and background:
+        if (self.type.kind != "flat" or self._gpu is not None) and background:
             self._builder = threading.Thread(target=self._build_loop, daemon=True, name="ann-builder")
             self._builder.start()
 
@@ -255,6 +264,10 @@ class VectorSet:
         k = min(k, candidates)
         if k == 0:
             return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
+        if allowed is None and self._gpu_ann is not None:
+            found = self._gpu_search(queries, k, n, store, nprobe)
+            if found is not None:
+                return found
         if self._ann is None or (allowed is not None and candidates <= EXACT_BELOW):
             return self._exact(queries, store, live, k, allowed)
         with self._ann_lock:
@@ -268,6 +281,33 @@ class VectorSet:
         if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
             live = self._live[:n].copy() if live is None else live
             return self._exact(queries, store, live, min(k, int(np.count_nonzero(live))), allowed)
+        return scores, slots
+
+    def _gpu_search(self, queries, k, n, store, nprobe):
+        """Unfiltered search on the GPU copy (asked for k + its dead slots, which are then dropped), plus
+        the exact pass over the slots it does not cover yet; None when the CPU must answer instead."""
+        with self._ann_lock:
+            covered, dead = self._covered, self._dead_covered
+            ask = min(k + dead, covered)
+            if ask > gpu.MAX_K or ask == 0:
+                return None
+            params = None if self.type.kind == "flat" else \
+                faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
+            scores, slots = self._gpu_ann.search(np.ascontiguousarray(queries, dtype=np.float32), ask, params=params)
+        live = self._live  # read after `covered`: it holds at least `covered` rows
+        valid = (slots >= 0) & (slots < min(n, covered))
+        valid[valid] = live[slots[valid]]
+        scores = np.where(valid, scores, -np.inf).astype(np.float32)
+        slots = np.where(valid, slots, -1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        scores, slots = np.take_along_axis(scores, order, axis=1), np.take_along_axis(slots, order, axis=1)
+        if covered < n:
+            tail = np.arange(covered, n)
+            tail = tail[self._live[covered:n]]
+            ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
+            scores, slots = _merge(scores, slots, ts, tl, k)
+        if (slots >= 0).sum(axis=1).min() < k:  # IVF's probes did not reach k documents: the CPU answers
+            return None
         return scores, slots
 
     def _check_params(self, k: int, ef_search: int | None, nprobe: int | None) -> None:
@@ -340,6 +380,8 @@ class VectorSet:
     def build_now(self) -> None:
         """Bring the structure up to date in the calling thread (tests, and the builder loop)."""
         if self.type.kind == "flat":
+            if self._gpu is not None:
+                self._build_flat_copy()
             return
         if self._ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
             n = self.n
@@ -353,19 +395,51 @@ class VectorSet:
                 vectors, found = self._gather(rows, store, old)  # all found: only this thread drops slots
                 ann.add_with_ids(vectors, rows)
             dead_since = int(np.count_nonzero(~self._live[live_rows]))  # killed while we built
+            copy = gpu.copy_to_gpu(self._gpu, ann) if self._gpu is not None else None
+            if copy is None:
+                self._gpu = None  # none, or this FAISS cannot copy this type: the CPU answers from now on
             with self._ann_lock:
-                self._ann, self._covered, self._dead_covered = ann, n, dead_since
+                self._ann, self._gpu_ann, self._covered, self._dead_covered = ann, copy, n, dead_since
                 self._trim()
         while self._covered < self.n and not self._closed:
             start = self._covered
             end = min(self.n, start + BUILD_CHUNK)
             array, base = self._store  # base <= covered: the rows are in the array
             rows = np.arange(start, end, dtype=np.int64)
+            chunk = np.ascontiguousarray(array[start - base: end - base])
             with self._ann_lock:
-                self._ann.add_with_ids(np.ascontiguousarray(array[start - base: end - base]), rows)
+                self._ann.add_with_ids(chunk, rows)
+                if self._gpu_ann is not None:
+                    self._gpu_ann.add_with_ids(chunk, rows)
                 self._covered = end
                 self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
                 self._trim()
+
+    def _build_flat_copy(self) -> None:
+        """Flat on a GPU: an exact IndexFlatIP of the slots (ids = slots) on the GPU, fed as a structure
+        is (rebuilt from the live slots once a fifth of it is dead, so asking for k + dead stays small)."""
+        if self._gpu_ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
+            n = self.n
+            array, _ = self._store  # Flat: base is 0
+            live_rows = np.flatnonzero(self._live[:n])
+            copy = gpu.copy_to_gpu(self._gpu, faiss.IndexIDMap(faiss.IndexFlatIP(self.dimension)))
+            if copy is None:
+                self._gpu = None  # this FAISS cannot: the CPU answers from now on
+                return
+            for i in range(0, len(live_rows), BUILD_CHUNK * 8):
+                rows = live_rows[i: i + BUILD_CHUNK * 8]
+                copy.add_with_ids(array[rows], rows)
+            dead_since = int(np.count_nonzero(~self._live[live_rows]))
+            with self._ann_lock:
+                self._gpu_ann, self._covered, self._dead_covered = copy, n, dead_since
+        while self._covered < self.n and not self._closed:
+            start = self._covered
+            end = min(self.n, start + BUILD_CHUNK * 8)
+            array, _ = self._store
+            with self._ann_lock:
+                self._gpu_ann.add_with_ids(np.ascontiguousarray(array[start:end]), np.arange(start, end))
+                self._covered = end
+                self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
 
     def _trim(self) -> None:
         """HNSW: drop from the slot array the rows the structure now holds (a new, smaller array).
