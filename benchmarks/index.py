@@ -4,16 +4,23 @@
      documents already indexed: once with snapshots held off, once with the default snapshot
      settings (every 10,000 writes or 300 s), p50/p99 latency;
   2. Flat vs HNSW vs IVF at each size of 100k and up: fill time (batched upserts), build time (until
-     the background builder covers every slot), memory (RSS growth, and the FAISS structure's
-     serialized size), queries per second one query at a time and in batches, recall@10 against
+     the background builder covers every slot), memory (RSS growth, the FAISS structure's serialized
+     size, the slot array, and the vectors held in all: slot array + the structure's vectors or codes;
+     HNSW holds one copy), queries per second one query at a time and in batches, recall@10 against
      Flat, with a small sweep of efSearch / nprobe;
   3. filtered search matching 50%, 5% and 0.1% of documents: queries per second, recall@10 against
-     exact filtered search, and whether any result came back short.
+     exact filtered search, whether any result came back short, and the time of a search whose filter
+     is new (not in the per-collection cache: the metadata index is evaluated);
 and prints PASS/FAIL for the issue's targets. Everything runs in this process on LocalIndex (a temp
 folder on the real disk, fsync on). Vectors: unit vectors from a Gaussian mixture (clusters with a
 low-dimensional spread plus isotropic noise), closer to real embeddings than uniform noise.
 
     python -m benchmarks.index [--sizes 1000,100000,1000000] [--queries 1000] [--dir /var/tmp]
+
+`--filter-cost 200000,1000000` measures only the cost of a new filter (3 metadata fields: an int, a
+string, a float), alone and in a k=10 Flat search, and how long the metadata index takes to build
+from the documents (what loading a snapshot does). It uses only what the store had before the metadata
+index too, so the same command on an older checkout gives the "before" figures.
 """
 
 from __future__ import annotations
@@ -225,10 +232,13 @@ def measure_type(index_type: str, data, b, queries, truth, filter_truth, args, f
         row["built"], row["covered"] = built, share
         row["rss_mb"] = rss_mb() - rss0
         row["structure_mb"] = structure_mb(index, path)
-        row["slots_mb"] = len(data) * DIM * 4 / 2**20
+        held = index._collections[NAME].vectors.memory()
+        row["slots_mb"] = held["slots"] / 2**20  # the slot array (HNSW: only what the structure lacks)
+        row["vectors_mb"] = (held["slots"] + held["structure_vectors"]) / 2**20  # every copy of the vectors
         print(f"  {index_type}: filled in {row['fill_s']:.1f} s, built {'in' if built else 'NOT within'} "
               f"{row['build_s']:.1f} s ({share:.0%} covered), RSS +{row['rss_mb']:.0f} MB, "
-              f"structure {row['structure_mb']:.0f} MB", flush=True)
+              f"structure {row['structure_mb']:.0f} MB, slot array {row['slots_mb']:.0f} MB, vectors held "
+              f"{row['vectors_mb']:.0f} MB ({len(data) * DIM * 4 / 2**20:.0f} MB per copy)", flush=True)
         if queries is not None:
             row["search"] = search_rows(index, index_type, queries, truth, args)
             row["filtered"] = filtered_rows(index, queries, filter_truth, args)
@@ -262,18 +272,98 @@ def search_rows(index, index_type, queries, truth, args) -> list[dict]:
     return rows
 
 
+def uncached_ms(index, queries: np.ndarray, params: SearchParams, repeats: int = 5) -> float:
+    """Median ms of a single-query search whose filter is not cached (the cache is emptied before each)."""
+    collection = index._collections[NAME]
+    times = []
+    for q in queries[:repeats]:
+        collection._filter_cache.clear()
+        start = time.perf_counter()
+        index.search(NAME, q[None], params)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
 def filtered_rows(index, queries, filter_truth, args) -> list[dict]:
     rows = []
     for label, spec, _ in FILTERS:
         params = SearchParams(k=K, filter=spec, with_text=False, with_metadata=False)
+        new_ms = uncached_ms(index, queries, params)
         qps, found = single_queries(index, queries[: args.filter_queries], params, args.budget)
         truth = filter_truth[label][: len(found)]
         short = sum(len(f) < len(t) for f, t in zip(found, truth))
         rows.append({"filter": label, "qps": qps, "recall": recall(found, truth), "short": short,
-                     "queries": len(found)})
+                     "queries": len(found), "new_filter_ms": new_ms})
         print(f"    filter {label:<5} {qps:>9.1f} q/s single  recall@10 {rows[-1]['recall']:.4f}  "
-              f"short {short}/{len(found)}", flush=True)
+              f"short {short}/{len(found)}  new filter {new_ms:.1f} ms", flush=True)
     return rows
+
+
+# --- the cost of a new filter ----------------------------------------------------------------------
+COST_FILTERS = (  # (label, filter) on b: int 0-999, lang: 20 strings, score: float in [0, 1)
+    ("string equality, 5%", {"lang": "l7"}),
+    ("int range, 50%", {"b": {"$lt": 500}}),
+    ("float range, 10%", {"score": {"$gte": 0.9}}),
+    ("int equality, 0.1%", {"b": 7}),
+    ("$in and range, 1%", {"lang": {"$in": ["l1", "l2"]}, "b": {"$lt": 100}}),
+    ("$or of $ne and ranges, 53%", {"$or": [{"lang": {"$ne": "l0"}, "b": {"$gte": 500}}, {"score": {"$lt": 0.05}}]}),
+)
+
+
+def filter_cost(n: int, dim: int, repeats: int) -> dict:
+    rng = np.random.default_rng(5)
+    b = rng.integers(1000, size=n).tolist()
+    lang = rng.integers(20, size=n).tolist()
+    score = rng.random(n).tolist()
+    docs = [Document(f"d{i}", "", {"b": b[i], "lang": f"l{lang[i]}", "score": score[i]}) for i in range(n)]
+    vectors = _unit(rng.standard_normal((n, dim), dtype=np.float32))
+    index = LocalIndex(None, snapshot_every_ops=10**12, snapshot_every_s=1e12)  # memory only: no log
+    out: dict = {"n": n, "dim": dim, "filters": {}}
+    try:
+        index.create_collection(CollectionSpec(NAME, dim, "Flat"))
+        start = time.perf_counter()
+        for i in range(0, n, FILL_BATCH):
+            index.upsert(NAME, docs[i: i + FILL_BATCH], vectors[i: i + FILL_BATCH])
+        out["fill_s"] = time.perf_counter() - start
+        collection = index._collections[NAME]
+        print(f"  {n:,} documents ({dim}-d vectors) filled in {out['fill_s']:.1f} s", flush=True)
+        try:  # what loading a snapshot costs the metadata index: rebuilt from the documents
+            from service.index.metadata import MetadataIndex
+
+            start = time.perf_counter()
+            rebuilt = MetadataIndex()
+            rebuilt.add(0, [d.metadata for d in docs], np.ones(n, bool))
+            out["metadata_build_s"] = time.perf_counter() - start
+            out["metadata_mb"] = rebuilt.nbytes() / 2**20
+            print(f"  metadata index built from the {n:,} documents in {out['metadata_build_s']:.2f} s "
+                  f"({out['metadata_mb']:.0f} MB of columns)", flush=True)
+            del rebuilt
+        except ImportError:
+            print("  (no metadata index in this checkout: filters are evaluated in Python per document)")
+        query = vectors[:1]
+        for label, spec in COST_FILTERS:
+            alone, search = [], []
+            for _ in range(repeats):
+                collection._filter_cache.clear()
+                start = time.perf_counter()
+                allowed = collection._allowed(spec)
+                alone.append(time.perf_counter() - start)
+                collection._filter_cache.clear()
+                start = time.perf_counter()
+                index.search(NAME, query, SearchParams(k=K, filter=spec, with_text=False, with_metadata=False))
+                search.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            index.search(NAME, query, SearchParams(k=K, filter=spec, with_text=False, with_metadata=False))
+            cached = time.perf_counter() - start
+            row = {"matching": len(allowed) / n, "filter_ms": statistics.median(alone) * 1000,
+                   "search_ms": statistics.median(search) * 1000, "cached_search_ms": cached * 1000}
+            out["filters"][label] = row
+            print(f"  {label:<28} {row['matching']:>6.1%}  new filter {row['filter_ms']:>9.1f} ms  "
+                  f"search with it {row['search_ms']:>9.1f} ms  (cached filter: {row['cached_search_ms']:.1f} ms)",
+                  flush=True)
+    finally:
+        index.close()
+    return out
 
 
 def measure_writes(index: LocalIndex, vectors: np.ndarray) -> dict:
@@ -309,7 +399,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=Path("/var/tmp"), help="where the index folders go (a real disk)")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of an earlier --out JSON")
+    parser.add_argument("--filter-cost", default=None,
+                        help="only measure a new filter's cost at these sizes (comma-separated), then exit")
+    parser.add_argument("--filter-dim", type=int, default=DIM, help="vector dimension for --filter-cost")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per filter for --filter-cost (median)")
     args = parser.parse_args(argv)
+    if args.filter_cost:
+        print(cpu_line(), flush=True)
+        results = {"cpu": cpu_line(), "filter_cost": []}
+        for n in (int(x) for x in args.filter_cost.split(",")):
+            results["filter_cost"].append(filter_cost(n, args.filter_dim, args.repeats))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+        return 0
     if args.report:
         results = json.loads(args.report.read_text())
         results["sizes"] = {int(n): rows for n, rows in results["sizes"].items()}
@@ -363,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     return report(results, sizes, args)
 
 
+def _mb(row: dict, key: str) -> str:
+    """A memory figure of the slot array / vectors held; '-' for a report from before they were measured."""
+    return f"{row[key]:>7.0f}MB" if "vectors_mb" in row else f"{'-':>9}"
+
+
 def report(results: dict, sizes: list[int], args) -> int:
     print(f"\n{'acknowledged writes (fsync)':<30}{'indexed':>10}{'writes/s':>10}{'p50':>9}{'p99':>9}"
           f"{'writes/s':>12}{'p50':>9}{'p99':>9}")
@@ -377,20 +484,22 @@ def report(results: dict, sizes: list[int], args) -> int:
         print(f"{'4 writers, 1 doc each':<30}{n:>10,}{a['rate']:>10.0f}{a['p50_ms']:>7.1f}ms{a['p99_ms']:>7.1f}ms"
               f"{d['rate']:>12.0f}{d['p50_ms']:>7.1f}ms{d['p99_ms']:>7.1f}ms")
     print(f"\n{'search':<22}{'n':>10}{'setting':>12}{'q/s 1':>9}{'q/s batch':>11}{'recall@10':>11}"
-          f"{'fill':>8}{'build':>9}{'RSS +':>9}{'FAISS':>9}")
+          f"{'fill':>8}{'build':>9}{'RSS +':>9}{'FAISS':>9}{'slots':>9}{'vectors':>9}")
     for n in sizes:
         for r in results["sizes"][n]:
             for s in r.get("search", []):
                 build = f"{r['build_s']:.0f}s" if r["built"] else f">{r['build_s']:.0f}s"
                 print(f"{r['type']:<22}{n:>10,}{s['setting']:>12}{s['single_qps']:>9.1f}{s['batch_qps']:>11.1f}"
                       f"{s.get('recall_vs_flat', s['recall']):>11.4f}{r['fill_s']:>7.0f}s{build:>9}"
-                      f"{r['rss_mb']:>7.0f}MB{r['structure_mb']:>7.0f}MB")
-    print(f"\n{'filtered search':<22}{'n':>10}{'matching':>10}{'q/s 1':>9}{'recall@10':>11}{'short':>9}")
+                      f"{r['rss_mb']:>7.0f}MB{r['structure_mb']:>7.0f}MB{_mb(r, 'slots_mb')}{_mb(r, 'vectors_mb')}")
+    print(f"\n{'filtered search':<22}{'n':>10}{'matching':>10}{'q/s 1':>9}{'recall@10':>11}{'short':>9}"
+          f"{'new filter':>12}")
     for n in sizes:
         for r in results["sizes"][n]:
             for f in r.get("filtered", []):
+                new = f"{f['new_filter_ms']:.1f}ms" if "new_filter_ms" in f else "-"
                 print(f"{r['type']:<22}{n:>10,}{f['filter']:>10}{f['qps']:>9.1f}{f['recall']:>11.4f}"
-                      f"{f['short']:>5}/{f['queries']}")
+                      f"{f['short']:>5}/{f['queries']}{new:>12}")
 
     print()
     checks = []

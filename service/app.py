@@ -97,7 +97,7 @@ def _open_index(settings: Settings, reg: ModelRegistry):
     """The configured index, with the default collection stamped by the default model (made if absent)."""
     index = open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri,
                        **({"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
-                           "snapshot_every_s": settings.index_snapshot_every_s}
+                           "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu}
                           if settings.index_backend == "local" else {}))
     info = reg.get().info
     stamp = ModelStamp(reg.default, info.graph_sha256)

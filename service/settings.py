@@ -86,6 +86,9 @@ class Settings(BaseSettings):
                               "machine may lose acknowledged writes)")
     index_snapshot_every_ops: int = Field(10_000, ge=1, description="snapshot after this many writes ...")
     index_snapshot_every_s: float = Field(300.0, gt=0, description="... or this many seconds with writes")
+    index_gpu: Literal["auto", "off"] = Field("auto", description="local: auto searches Flat and IVF collections "
+                                              "on GPU 0 when FAISS has GPU support (the gpu extra) and sees a "
+                                              "GPU (HNSW stays on the CPU); off: CPU only")
     milvus_uri: str | None = Field(None, description="milvus: http://host:19530, or a Milvus Lite file path")
 
     @field_validator("models")

@@ -43,6 +43,13 @@ IMPLEMENTATIONS = {
 INDEX_TYPES = ["Flat", "HNSW16", "IVF4,SQ8", "IVF4,PQ4x4"]
 
 
+@pytest.fixture(autouse=True)
+def _hnsw_reads_back(monkeypatch):
+    """Local HNSW: the slot array gives up every row the structure holds, however few, so reads of
+    covered slots (filtered exact search, vectors, deletes, rebuilds) come from the structure."""
+    monkeypatch.setattr("service.index.vectors.TRIM_MIN", 1)
+
+
 @pytest.fixture(params=[(impl, t) for impl in IMPLEMENTATIONS for t in INDEX_TYPES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def store(request, tmp_path):

@@ -14,20 +14,22 @@ from typing import Any
 import numpy as np
 
 from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
-from service.index.filters import compile_filter
+from service.index.filters import parse_filter
+from service.index.metadata import MetadataIndex
 from service.index.vectors import VectorSet
 
 
 class Collection:
-    def __init__(self, spec: CollectionSpec, background: bool = True):
+    def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto"):
         self.spec = spec
-        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background)
+        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu)
         self._docs: list[Document | None] = []  # by slot
         self._slot_of: dict[str, int] = {}
+        self._metadata = MetadataIndex()  # filters as numpy masks over slots
         self.sequence = 0
         self.frozen: str | None = None  # why writes are refused for now (a re-embed is reading it)
-        # A filter is evaluated in Python over every document: its allowed slots are cached until the next
-        # change (`_version` moves after a write is complete, so a scan never caches a half-applied write).
+        # A filter's allowed slots are cached until the next change (`_version` moves after a write is
+        # complete, so a search never caches a half-applied write).
         self._version = 0
         self._filter_cache: dict[str, tuple[int, np.ndarray]] = {}
         self._cache_lock = threading.Lock()
@@ -48,6 +50,8 @@ class Collection:
         self._docs.extend(documents)
         for slot, doc in zip(slots.tolist(), documents):
             self._slot_of[doc.id] = slot
+        if len(slots):
+            self._metadata.add(int(slots[0]), [d.metadata for d in documents], self.vectors.live_flags())
         self._version += 1
 
     def delete(self, ids: list[str]) -> int:
@@ -71,16 +75,18 @@ class Collection:
         return [self._docs[slot].id for slot in self._allowed(filter_spec).tolist()]
 
     def _allowed(self, filter_spec: dict[str, Any]) -> np.ndarray:
-        predicate = compile_filter(filter_spec)
+        """The live slots whose metadata passes the filter, ascending."""
+        node = parse_filter(filter_spec)
         key = json.dumps(filter_spec, sort_keys=True)
         version = self._version
         with self._cache_lock:
             cached = self._filter_cache.get(key)
         if cached is not None and cached[0] == version:
             return cached[1]
-        docs = list(self._docs)
-        allowed = np.fromiter((i for i, d in enumerate(docs) if d is not None and predicate(d.metadata)),
-                              dtype=np.int64)
+        n = self._metadata.count  # slots below it have their document and metadata stored
+        mask = self._metadata.mask(node, n)
+        mask &= self.vectors.live_flags()[:n]  # read after the mask (a merge drops only dead slots)
+        allowed = np.flatnonzero(mask)
         with self._cache_lock:
             if len(self._filter_cache) >= 64:
                 self._filter_cache.pop(next(iter(self._filter_cache)))
@@ -93,8 +99,10 @@ class Collection:
             slot = self._slot_of.get(i)
             doc = self._docs[slot] if slot is not None else None
             if doc is not None:
-                vector = self.vectors.vector(slot).tolist() if with_vector else None
-                records.append(Record(doc.id, doc.text, doc.metadata, vector))
+                vector = self.vectors.vector(slot) if with_vector else None
+                if with_vector and vector is None:  # deleted while we read
+                    continue
+                records.append(Record(doc.id, doc.text, doc.metadata, None if vector is None else vector.tolist()))
         return records
 
     def scan(self, batch: int):
@@ -113,9 +121,12 @@ class Collection:
                 doc = self._docs[slot] if slot >= 0 else None
                 if doc is None or (params.score_threshold is not None and score < params.score_threshold):
                     continue
+                vector = self.vectors.vector(slot) if params.with_vector else None
+                if params.with_vector and vector is None:  # deleted while we searched
+                    continue
                 hits.append(Hit(doc.id, doc.text if params.with_text else None,
                                 doc.metadata if params.with_metadata else None,
-                                self.vectors.vector(slot).tolist() if params.with_vector else None, score))
+                                None if vector is None else vector.tolist(), score))
             results.append(hits)
         return results
 
@@ -123,7 +134,8 @@ class Collection:
 
     def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document], int]:
         """(spec, vectors, live rows, their documents, sequence), called by the committer between
-        writes; the snapshot thread gathers vectors[rows] later, as written rows never change."""
+        writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows never
+        change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]

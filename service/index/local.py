@@ -43,7 +43,7 @@ from service.index.base import (
     WriteResult,
 )
 from service.index.collection import Collection
-from service.index.filters import compile_filter
+from service.index.filters import parse_filter
 from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
@@ -76,8 +76,9 @@ def _stamp(model: dict | None) -> ModelStamp | None:
 
 class LocalIndex:
     def __init__(self, path: str | Path | None = None, fsync: bool = True, snapshot_every_ops: int = 10_000,
-                 snapshot_every_s: float = 300.0, background: bool = True):
+                 snapshot_every_s: float = 300.0, background: bool = True, gpu: str = "auto"):
         self.path = Path(path) if path else None
+        self.gpu = gpu  # auto: Flat and IVF search on a GPU when FAISS has one (gpu.py); off: never
         self.snapshot_every_ops = snapshot_every_ops
         self.snapshot_every_s = snapshot_every_s
         self._background = background
@@ -140,7 +141,7 @@ class LocalIndex:
             raise InvalidRequest("delete takes either ids or a filter")
         self._get(name)
         if filter is not None:
-            compile_filter(filter)  # refuse a bad filter before it is queued
+            parse_filter(filter)  # refuse a bad filter before it is queued
         return self._submit({"op": "delete", "c": name, "ids": ids, "filter": filter})
 
     def clear(self, name: str) -> WriteResult:
@@ -299,7 +300,7 @@ class LocalIndex:
         kind, name = op["op"], op["c"]
         if kind == "create":
             spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]))
-            self._collections[name] = Collection(spec, background=self._background)
+            self._collections[name] = Collection(spec, background=self._background, gpu=self.gpu)
             self._collections[name].sequence = seq
             return 0
         collection = self._collections[name]
@@ -317,7 +318,7 @@ class LocalIndex:
             return collection.delete(op["ids"])
         if kind == "clear":
             n = len(collection)
-            self._collections[name] = Collection(collection.spec, background=self._background)
+            self._collections[name] = Collection(collection.spec, background=self._background, gpu=self.gpu)
             self._collections[name].sequence = seq
             collection.close()
             return n
@@ -444,7 +445,7 @@ class LocalIndex:
         manifest = json.loads((folder / "manifest.json").read_text())
         for entry in manifest["collections"]:
             spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]))
-            collection = Collection(spec, background=self._background)
+            collection = Collection(spec, background=self._background, gpu=self.gpu)
             vectors = np.load(folder / f"{entry['file']}.npy", allow_pickle=False)
             with open(folder / f"{entry['file']}.docs.jsonl", encoding="utf-8") as f:
                 docs = [Document(*json.loads(line)) for line in f]

@@ -12,6 +12,17 @@ fraction of what the structure covers, it is rebuilt from the live slots and swa
 Filters arrive as the list of allowed slots. Few of them: exact search over just those. Many: the
 ANN structure searches with an ID selector; if that returns fewer hits than exist, exact search
 over the allowed slots answers instead, so a filtered search is never silently short.
+
+One copy of each vector. An HNSW structure (IndexHNSWFlat) stores full vectors itself, so the slot
+array keeps only what it does not cover yet: once the builder covers slots, they are dropped from the
+array (the array restarts at `base`), and a read of a covered slot (exact search over a filter's
+slots, a returned vector, a snapshot, a rebuild) gathers it from the structure's storage under
+`_ann_lock`, finding its position in the structure's sorted id list. IVF stores compressed codes,
+so for IVF (and Flat) the array holds every slot, as before.
+
+On a GPU (gpu.py, SEMBED_INDEX_GPU=auto with faiss-gpu and a GPU present), Flat and IVF keep a GPU
+copy for unfiltered search: IVF's structure copied with index_cpu_to_gpu and fed the same chunks, and
+for Flat an exact IndexFlatIP on the GPU whose positions are slots, built by the same builder thread.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from service.index import gpu
 from service.index.base import InvalidRequest
 
 _HNSW = re.compile(r"^HNSW(\d{1,3})$")
@@ -33,6 +45,9 @@ DEFAULT_NPROBE = 16
 EXACT_BELOW = 20_000  # allowed slots up to this many: exact search over them beats a selector walk
 REBUILD_FRACTION = 0.2  # rebuild the structure once this share of what it covers is dead
 BUILD_CHUNK = 2048  # rows added to the structure per lock hold, so searches interleave
+EXACT_BLOCK = 65_536  # slots scored per block in exact search (bounds the gathered copy)
+MIN_ROWS = 256  # rows the slot array keeps room for after HNSW trims it
+TRIM_MIN = BUILD_CHUNK  # HNSW trims the slot array once the structure holds this many of its rows
 
 
 @dataclass(frozen=True)
@@ -74,24 +89,35 @@ def parse_index_type(spec: str, dimension: int) -> IndexType:
 
 
 class VectorSet:
-    """Slots + tombstones + a derived ANN structure. Writers hold the owner's lock; the builder
-    thread and searches share `_ann_lock`, since a FAISS index may not be searched while it grows."""
+    """Slots + tombstones + a derived ANN structure. The owner serialises writes; `_store_lock` keeps
+    a write and the builder's trimming of the slot array apart; the builder thread and every reader
+    of the structure share `_ann_lock`, since a FAISS index may not be read while it grows."""
 
-    def __init__(self, dimension: int, index_type: str, background: bool = True):
+    def __init__(self, dimension: int, index_type: str, background: bool = True, gpu_mode: str = "auto"):
         self.dimension = dimension
         self.type = parse_index_type(index_type, dimension)
-        self._vectors = np.empty((1024, dimension), dtype=np.float32)
+        # GPU resources when a GPU copy is kept (Flat, IVF; never HNSW); the copy covers the same slots as
+        # `_covered` (for Flat, `_covered` and `_dead_covered` count what the GPU copy holds).
+        self._gpu = gpu.resources(gpu_mode) if self.type.kind != "hnsw" else None
+        self._gpu_ann = None
+        # (rows, base): the vectors of slots base, base + 1, ... (replaced, never shrunk in place, so a
+        # reader holding one sees rows that never change). base > 0 only for HNSW: slots below it are
+        # read from the structure.
+        self._store = (np.empty((1024, dimension), dtype=np.float32), 0)
+        self._store_lock = threading.Lock()
         self._live = np.zeros(1024, dtype=bool)
         self.n = 0  # slots used
         self.count = 0  # live slots
         self._ann = None
         self._covered = 0
         self._dead_covered = 0
+        self._holds_vectors = self.type.kind == "hnsw"  # the structure keeps full vectors: no second copy
+        self._arrays = None  # (structure, its size, ids, vectors): numpy views of its memory, under _ann_lock
         self._ann_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._builder = None
-        if self.type.kind != "flat" and background:
+        if (self.type.kind != "flat" or self._gpu is not None) and background:
             self._builder = threading.Thread(target=self._build_loop, daemon=True, name="ann-builder")
             self._builder.start()
 
@@ -99,20 +125,28 @@ class VectorSet:
 
     def append(self, vectors: np.ndarray) -> np.ndarray:
         rows = len(vectors)
-        if self.n + rows > len(self._vectors):
-            cap = max(2 * len(self._vectors), self.n + rows)
-            grown = np.empty((cap, self.dimension), dtype=np.float32)
-            grown[: self.n] = self._vectors[: self.n]
-            live = np.zeros(cap, dtype=bool)
-            live[: self.n] = self._live[: self.n]
-            self._vectors, self._live = grown, live  # old arrays stay valid for readers holding them
-        slots = np.arange(self.n, self.n + rows, dtype=np.int64)
-        self._vectors[self.n: self.n + rows] = vectors
-        self._live[self.n: self.n + rows] = True
-        self.n += rows
+        with self._store_lock:
+            array, base = self._store
+            n = self.n
+            if n + rows > base + len(array):
+                # Grow (old arrays stay valid for readers holding them); HNSW drops what it covers.
+                new_base = min(self._covered, n) if self._holds_vectors else base
+                kept = n - new_base
+                grown = np.empty((max(2 * len(array) if new_base == base else 2 * kept, kept + rows, 1024),
+                                  self.dimension), dtype=np.float32)
+                grown[:kept] = array[new_base - base: n - base]
+                array, base = grown, new_base
+                self._store = (array, base)
+            if n + rows > len(self._live):
+                live = np.zeros(max(2 * len(self._live), n + rows), dtype=bool)
+                live[:n] = self._live[:n]
+                self._live = live
+            array[n - base: n - base + rows] = vectors
+            self._live[n: n + rows] = True
+            self.n = n + rows
         self.count += rows
         self._wake.set()
-        return slots
+        return np.arange(n, n + rows, dtype=np.int64)
 
     def kill(self, slots: np.ndarray) -> None:
         if len(slots):
@@ -121,12 +155,41 @@ class VectorSet:
             self._dead_covered += int(np.count_nonzero(slots < self._covered))
             self._wake.set()
 
-    def vector(self, slot: int) -> np.ndarray:
-        return self._vectors[slot]
+    def live_flags(self) -> np.ndarray:
+        """The live flag of each slot (at least `n` of them; the array is replaced when it grows)."""
+        return self._live
 
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        """(vectors, live) of the used slots, for a snapshot: rows never change once written."""
-        return self._vectors[: self.n], self._live[: self.n].copy()
+    def vector(self, slot: int) -> np.ndarray | None:
+        """A slot's vector (a copy when the structure holds it); None if it is gone (dead, and dropped
+        by a rebuild)."""
+        vectors, found = self._gather(np.array([slot], dtype=np.int64), self._store, self._ann)
+        return vectors[0] if found[0] else None
+
+    def view(self) -> tuple[_Rows, np.ndarray]:
+        """(vectors, live) of the used slots, for a snapshot: `vectors[rows]` gathers live rows later,
+        from the array and structure of now (written rows never change; a structure replaced since
+        is kept alive by the view)."""
+        return _Rows(self, self._store, self._ann), self._live[: self.n].copy()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held for vectors: the slot array (its allocated rows) and the structure's own copy
+        (HNSW's full vectors, IVF's codes); the HNSW graph and the IVF lists' ids are counted apart."""
+        array, _ = self._store
+        out = {"slots": array.nbytes, "structure_vectors": 0, "structure_other": 0}
+        with self._ann_lock:
+            if self._ann is None:
+                return out
+            if self.type.kind == "hnsw":
+                hnsw = faiss.downcast_index(self._ann.index)
+                out["structure_vectors"] = faiss.downcast_index(hnsw.storage).codes.size()
+                g = hnsw.hnsw
+                out["structure_other"] = (g.neighbors.size() * 4 + g.offsets.size() * 8 + g.levels.size() * 4
+                                          + self._ann.id_map.size() * 8)
+            else:
+                ivf = faiss.extract_index_ivf(self._ann)
+                out["structure_vectors"] = ivf.invlists.compute_ntotal() * ivf.code_size
+                out["structure_other"] = ivf.invlists.compute_ntotal() * 8
+        return out
 
     @property
     def ann_ready(self) -> bool:
@@ -140,13 +203,53 @@ class VectorSet:
         if self._builder is not None:
             self._builder.join(timeout=10)
 
+    # reading vectors ----------------------------------------------------------------------------
+
+    def _gather(self, slots: np.ndarray, store, ann) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors of `slots`, found): rows from the array at or above its base, the rest from `ann`'s
+        storage (HNSW: a slot below base is covered, so it is there unless it died before a rebuild)."""
+        array, base = store
+        high = slots >= base
+        if high.all():
+            return array[slots - base], high
+        if ann is None or not ann.ntotal:
+            out = np.zeros((len(slots), self.dimension), dtype=np.float32)
+            out[high] = array[slots[high] - base]
+            return out, high
+        low = np.flatnonzero(~high)
+        with self._ann_lock:  # the storage may move while the builder adds to it
+            ids, stored = self._structure_arrays(ann)
+            pos = np.searchsorted(ids, slots[low])
+            np.minimum(pos, len(ids) - 1, out=pos)
+            ok = ids[pos] == slots[low]
+            if len(low) == len(slots) and ok.all():  # the usual case once trimmed: one copy
+                return stored[pos], ok
+            out = np.zeros((len(slots), self.dimension), dtype=np.float32)
+            out[low[ok]] = stored[pos[ok]]
+        out[high] = array[slots[high] - base]
+        found = high
+        found[low[ok]] = True
+        return out, found
+
+    def _structure_arrays(self, ann) -> tuple[np.ndarray, np.ndarray]:
+        """(ids by position, vectors by position) of an IndexIDMap(IndexHNSWFlat): views of FAISS memory,
+        valid while it holds the same number of vectors (only an add moves them). Under _ann_lock."""
+        cached = self._arrays
+        if cached is None or cached[0] is not ann or cached[1] != ann.ntotal:
+            storage = faiss.downcast_index(faiss.downcast_index(ann.index).storage)
+            ntotal = ann.ntotal
+            ids = faiss.rev_swig_ptr(ann.id_map.data(), ntotal)
+            stored = faiss.rev_swig_ptr(storage.get_xb(), ntotal * self.dimension).reshape(ntotal, self.dimension)
+            cached = self._arrays = (ann, ntotal, ids, stored)
+        return cached[2], cached[3]
+
     # search -----------------------------------------------------------------------------------
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None,
                ef_search: int | None = None, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, slots), each (len(queries), k'), best first; padded with -inf / -1."""
         n = self.n  # read before the arrays: an array read after n holds at least n rows, even if it grew
-        vectors = self._vectors
+        store = self._store
         self._check_params(k, ef_search, nprobe)
         live = None  # an O(n) copy of the live flags: only where exact search or a filter needs it
         if allowed is not None:
@@ -161,19 +264,50 @@ class VectorSet:
         k = min(k, candidates)
         if k == 0:
             return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
+        if allowed is None and self._gpu_ann is not None:
+            found = self._gpu_search(queries, k, n, store, nprobe)
+            if found is not None:
+                return found
         if self._ann is None or (allowed is not None and candidates <= EXACT_BELOW):
-            return self._exact(queries, vectors, live, k, allowed)
+            return self._exact(queries, store, live, k, allowed)
         with self._ann_lock:
             covered = self._covered
             scores, slots = self._ann_search(queries, k, n, allowed, ef_search, nprobe)
-        if covered < n:  # the slots the builder has not reached yet
+        if covered < n:  # the slots the builder has not reached yet (in the array: base <= covered)
             tail = np.arange(covered, n)
             tail = tail[self._live[covered:n]] if allowed is None else allowed[allowed >= covered]
-            ts, tl = self._exact(queries, vectors, None, min(k, len(tail)), tail)
+            ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
             scores, slots = _merge(scores, slots, ts, tl, k)
         if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
             live = self._live[:n].copy() if live is None else live
-            return self._exact(queries, vectors, live, min(k, int(np.count_nonzero(live))), allowed)
+            return self._exact(queries, store, live, min(k, int(np.count_nonzero(live))), allowed)
+        return scores, slots
+
+    def _gpu_search(self, queries, k, n, store, nprobe):
+        """Unfiltered search on the GPU copy (asked for k + its dead slots, which are then dropped), plus
+        the exact pass over the slots it does not cover yet; None when the CPU must answer instead."""
+        with self._ann_lock:
+            covered, dead = self._covered, self._dead_covered
+            ask = min(k + dead, covered)
+            if ask > gpu.MAX_K or ask == 0:
+                return None
+            params = None if self.type.kind == "flat" else \
+                faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
+            scores, slots = self._gpu_ann.search(np.ascontiguousarray(queries, dtype=np.float32), ask, params=params)
+        live = self._live  # read after `covered`: it holds at least `covered` rows
+        valid = (slots >= 0) & (slots < min(n, covered))
+        valid[valid] = live[slots[valid]]
+        scores = np.where(valid, scores, -np.inf).astype(np.float32)
+        slots = np.where(valid, slots, -1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        scores, slots = np.take_along_axis(scores, order, axis=1), np.take_along_axis(slots, order, axis=1)
+        if covered < n:
+            tail = np.arange(covered, n)
+            tail = tail[self._live[covered:n]]
+            ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
+            scores, slots = _merge(scores, slots, ts, tl, k)
+        if (slots >= 0).sum(axis=1).min() < k:  # IVF's probes did not reach k documents: the CPU answers
+            return None
         return scores, slots
 
     def _check_params(self, k: int, ef_search: int | None, nprobe: int | None) -> None:
@@ -182,28 +316,30 @@ class VectorSet:
         if nprobe is not None and not 1 <= nprobe <= max(self.type.nlist, 1):
             raise InvalidRequest(f"nprobe must be between 1 and the number of IVF lists ({self.type.nlist})")
 
-    @staticmethod
-    def _exact(queries, vectors, live, k, allowed):
-        if allowed is None:
-            rows = np.flatnonzero(live)
-        else:
-            rows = np.asarray(allowed, dtype=np.int64)
+    def _exact(self, queries, store, live, k, allowed):
+        """Exact top k over `allowed` (all live slots when None), in blocks of EXACT_BLOCK slots."""
+        rows = np.flatnonzero(live) if allowed is None else np.asarray(allowed, dtype=np.int64)
         if k == 0 or len(rows) == 0:
             return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
-        # Contiguous live slots need no gather: score the block and mask the dead.
-        if allowed is None and len(rows) > 0.5 * len(live):
-            scores = queries @ vectors[: len(live)].T
+        array, base = store
+        # Contiguous live slots all in the array need no gather: score the block and mask the dead.
+        if allowed is None and base == 0 and len(rows) > 0.5 * len(live):
+            scores = queries @ array[: len(live)].T
             scores[:, ~live] = -np.inf
-            rows = None
-        else:
-            scores = queries @ vectors[rows].T
-        k = min(k, scores.shape[1])
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        top_scores = np.take_along_axis(scores, top, axis=1)
-        order = np.argsort(-top_scores, axis=1, kind="stable")
-        top = np.take_along_axis(top, order, axis=1)
-        slots = top if rows is None else rows[top]
-        return np.take_along_axis(top_scores, order, axis=1).astype(np.float32), slots.astype(np.int64)
+            return _top(scores, None, k)
+        ann = self._ann  # read after `store`: it holds every live slot below base
+        best = None
+        for i in range(0, len(rows), EXACT_BLOCK):
+            block = rows[i: i + EXACT_BLOCK]
+            vectors, found = self._gather(block, store, ann)
+            if not found.all():  # died and dropped by a rebuild since the caller read them
+                vectors, block = vectors[found], block[found]
+            if len(block):
+                top = _top(queries @ vectors.T, block, k)
+                best = top if best is None else _merge(*best, *top, k)
+        if best is None:
+            return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
+        return best
 
     def _ann_search(self, queries, k, n, allowed, ef_search, nprobe):
         """Search the structure (the caller holds _ann_lock); slots written after the caller read `n`
@@ -229,43 +365,98 @@ class VectorSet:
 
     # the builder ------------------------------------------------------------------------------
 
-    def _new_structure(self, vectors: np.ndarray):
+    def _new_structure(self, rows: np.ndarray, store):
         t = self.type
         if t.kind == "hnsw":
             return faiss.IndexIDMap(faiss.IndexHNSWFlat(self.dimension, t.hnsw_m, faiss.METRIC_INNER_PRODUCT))
         quantizer = "SQ8" if not t.pq_m else f"PQ{t.pq_m}x{t.pq_bits}"
         index = faiss.index_factory(self.dimension, f"IVF{t.nlist},{quantizer}", faiss.METRIC_INNER_PRODUCT)
-        sample = vectors
-        if len(sample) > 256 * t.nlist:  # FAISS samples this many itself; sample here to save the copy
-            pick = np.random.default_rng(0).choice(len(sample), 256 * t.nlist, replace=False)
-            sample = sample[np.sort(pick)]
-        index.train(np.ascontiguousarray(sample))
+        if len(rows) > 256 * t.nlist:  # FAISS samples this many itself; sample here to save the copy
+            pick = np.random.default_rng(0).choice(len(rows), 256 * t.nlist, replace=False)
+            rows = rows[np.sort(pick)]
+        index.train(np.ascontiguousarray(self._gather(rows, store, None)[0]))  # IVF: every slot is in the array
         return index
 
     def build_now(self) -> None:
         """Bring the structure up to date in the calling thread (tests, and the builder loop)."""
         if self.type.kind == "flat":
+            if self._gpu is not None:
+                self._build_flat_copy()
             return
         if self._ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
             n = self.n
+            store, old = self._store, self._ann  # read after n: they hold every slot below it
             live_rows = np.flatnonzero(self._live[:n])
             if len(live_rows) < self.type.min_train:
                 return
-            vectors = self._vectors[live_rows]
-            ann = self._new_structure(vectors)
+            ann = self._new_structure(live_rows, store)
             for i in range(0, len(live_rows), BUILD_CHUNK * 8):
-                ann.add_with_ids(vectors[i: i + BUILD_CHUNK * 8], live_rows[i: i + BUILD_CHUNK * 8])
+                rows = live_rows[i: i + BUILD_CHUNK * 8]
+                vectors, found = self._gather(rows, store, old)  # all found: only this thread drops slots
+                ann.add_with_ids(vectors, rows)
             dead_since = int(np.count_nonzero(~self._live[live_rows]))  # killed while we built
+            copy = gpu.copy_to_gpu(self._gpu, ann) if self._gpu is not None else None
+            if copy is None:
+                self._gpu = None  # none, or this FAISS cannot copy this type: the CPU answers from now on
             with self._ann_lock:
-                self._ann, self._covered, self._dead_covered = ann, n, dead_since
+                self._ann, self._gpu_ann, self._covered, self._dead_covered = ann, copy, n, dead_since
+                self._trim()
         while self._covered < self.n and not self._closed:
             start = self._covered
             end = min(self.n, start + BUILD_CHUNK)
+            array, base = self._store  # base <= covered: the rows are in the array
             rows = np.arange(start, end, dtype=np.int64)
+            chunk = np.ascontiguousarray(array[start - base: end - base])
             with self._ann_lock:
-                self._ann.add_with_ids(np.ascontiguousarray(self._vectors[start:end]), rows)
+                self._ann.add_with_ids(chunk, rows)
+                if self._gpu_ann is not None:
+                    self._gpu_ann.add_with_ids(chunk, rows)
                 self._covered = end
                 self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
+                self._trim()
+
+    def _build_flat_copy(self) -> None:
+        """Flat on a GPU: an exact IndexFlatIP of the slots (ids = slots) on the GPU, fed as a structure
+        is (rebuilt from the live slots once a fifth of it is dead, so asking for k + dead stays small)."""
+        if self._gpu_ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
+            n = self.n
+            array, _ = self._store  # Flat: base is 0
+            live_rows = np.flatnonzero(self._live[:n])
+            copy = gpu.copy_to_gpu(self._gpu, faiss.IndexIDMap(faiss.IndexFlatIP(self.dimension)))
+            if copy is None:
+                self._gpu = None  # this FAISS cannot: the CPU answers from now on
+                return
+            for i in range(0, len(live_rows), BUILD_CHUNK * 8):
+                rows = live_rows[i: i + BUILD_CHUNK * 8]
+                copy.add_with_ids(array[rows], rows)
+            dead_since = int(np.count_nonzero(~self._live[live_rows]))
+            with self._ann_lock:
+                self._gpu_ann, self._covered, self._dead_covered = copy, n, dead_since
+        while self._covered < self.n and not self._closed:
+            start = self._covered
+            end = min(self.n, start + BUILD_CHUNK * 8)
+            array, _ = self._store
+            with self._ann_lock:
+                self._gpu_ann.add_with_ids(np.ascontiguousarray(array[start:end]), np.arange(start, end))
+                self._covered = end
+                self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
+
+    def _trim(self) -> None:
+        """HNSW: drop from the slot array the rows the structure now holds (a new, smaller array).
+        Called by the builder under _ann_lock, so a search sees a covered slot in one place or both."""
+        if not self._holds_vectors:
+            return
+        with self._store_lock:
+            array, base = self._store
+            covered, n = min(self._covered, self.n), self.n
+            dropped = covered - base
+            caught_up = covered == n and dropped >= MIN_ROWS  # all covered: keep no more than MIN_ROWS
+            if not caught_up and dropped < max(TRIM_MIN, (n - base) // 2):
+                return
+            kept = n - covered
+            trimmed = np.empty((max(2 * kept, MIN_ROWS), self.dimension), dtype=np.float32)
+            trimmed[:kept] = array[covered - base: n - base]
+            self._store = (trimmed, covered)
 
     def _build_loop(self) -> None:
         while not self._closed:
@@ -273,6 +464,31 @@ class VectorSet:
             self._wake.clear()
             if not self._closed:
                 self.build_now()
+
+
+class _Rows:
+    """`rows[slots]`: the vectors of live slots, gathered from an array and structure read earlier."""
+
+    def __init__(self, owner: VectorSet, store, ann):
+        self.owner, self.store, self.ann = owner, store, ann
+
+    def __getitem__(self, slots) -> np.ndarray:
+        slots = np.asarray(slots, dtype=np.int64)
+        vectors, found = self.owner._gather(slots, self.store, self.ann)
+        if not found.all():
+            raise RuntimeError(f"{int(np.count_nonzero(~found))} live vectors are missing from the structure")
+        return vectors
+
+
+def _top(scores: np.ndarray, rows: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of each row of `scores` (columns are `rows`, or slots 0.. when None), best first."""
+    k = min(k, scores.shape[1])
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top_scores = np.take_along_axis(scores, top, axis=1)
+    order = np.argsort(-top_scores, axis=1, kind="stable")
+    top = np.take_along_axis(top, order, axis=1)
+    slots = top if rows is None else rows[top]
+    return np.take_along_axis(top_scores, order, axis=1).astype(np.float32), slots.astype(np.int64)
 
 
 def _merge(s1, i1, s2, i2, k):
