@@ -537,13 +537,7 @@ def report(results: dict, sizes: list[int], args) -> int:
             ratio = rates[lo][i] / rates[hi][i]
             checks.append((f"write rate at {hi:,} within 2× of the rate at {lo:,}, {label} "
                            f"({rates[hi][i]:.0f}/s vs {rates[lo][i]:.0f}/s: {ratio:.2f}×)", ratio <= 2))
-    for text, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {text}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        results["checks"] = {text: ok for text, ok in checks}
-        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return 0 if all(ok for _, ok in checks) else 1
+    return machine.finish(checks, results, args.out)
 
 
 if __name__ == "__main__":

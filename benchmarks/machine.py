@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -24,3 +25,14 @@ def cpu_line() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
             f"python {platform.python_version()}; load average {load:.1f} at start")
+
+
+def finish(checks: list[tuple[str, bool]], results: dict, out: Path | None) -> int:
+    """Print the PASS/FAIL lines, keep the figures and the verdicts as JSON; the exit status says if all passed."""
+    for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        results["checks"] = {text: ok for text, ok in checks}
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0 if all(ok for _, ok in checks) else 1

@@ -324,17 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     report(results, variants)
     checks = targets(results, int8_entry is not None)
     print()
-    for text, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {text}")
     if not int8_entry:
         print("n/a   int8 targets: this export has no int8 variant")
     elif "sts" not in results:
         print("n/a   int8 7-task STS drop: not measured (--no-sts, or no senteval data)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        results["checks"] = {text: ok for text, ok in checks}
-        args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return 0 if all(ok for _, ok in checks) else 1
+    return machine.finish(checks, results, args.out)
 
 
 def report(results: dict, variants: list[str]) -> None:
