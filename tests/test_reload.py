@@ -71,6 +71,20 @@ def test_reload_needs_the_admin_key_and_a_name_under_the_root(server):
         assert c.post("/embed", json={"inputs": "x"}).status_code == 200  # no API keys: the API stays open
 
 
+def test_a_reload_refuses_another_kind_of_model(server, monkeypatch):
+    from service.manifest import CROSS_ENCODER
+    from service.routes import admin
+
+    monkeypatch.setattr(admin, "load_engine", lambda s, export_dir, metrics: Engine(
+        FakeBackend(name=export_dir.name, kind=CROSS_ENCODER)))
+    with httpx.Client(base_url=server.url) as c:
+        r = c.post("/admin/models/main/reload", json={"export": "reranker"}, headers=ADMIN)
+        assert r.status_code == 422
+        assert "is a cross-encoder (reranker) and main is an embedding model" in r.json()["error"]
+        assert c.post("/embed", json={"inputs": "x"}).status_code == 200  # the old model still serves
+        assert c.get("/info").json()["model_id"] == "v1"
+
+
 def test_admin_routes_are_closed_without_an_admin_key():
     registry = ModelRegistry()
     registry.add("main", Engine(FakeBackend()))

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from service.errors import ApiError
 from service.index import ModelStamp
 from service.index.reembed import reembed
+from service.manifest import CROSS_ENCODER, EMBEDDING
 from service.registry import load_engine
 from service.routes.common import registry, settings
 
@@ -31,6 +32,9 @@ class ReloadRequest(BaseModel):
 
 class ReembedRequest(BaseModel):
     model: str | None = Field(None, description="the served model to re-embed with (unset: the default)")
+
+
+_KINDS = {EMBEDDING: "an embedding model", CROSS_ENCODER: "a cross-encoder (reranker)"}
 
 
 @router.post("/models/{name}/reload")
@@ -54,6 +58,12 @@ async def reload(name: str, req: ReloadRequest, request: Request):
             engine = await run_in_threadpool(load_engine, s, export_dir, request.app.state.metrics)
         except Exception as e:
             raise ApiError(422, f"export {req.export!r} failed to load or verify: {e}", "Validation") from e
+        serving = reg.get(name).info.kind
+        if engine.info.kind != serving:  # its clients' routes and its collections need the same kind of model
+            engine.stop()
+            raise ApiError(422, f"export {req.export!r} is {_KINDS[engine.info.kind]} and {name} is {_KINDS[serving]}: "
+                                "a reload keeps the kind; serve it under another name (SEMBED_MODELS)",
+                           "Validation", param="export")
         engine.start()
         if req.reembed:
             stamp = ModelStamp(name, engine.info.graph_sha256)
