@@ -46,7 +46,7 @@ K = 10
 WRITERS = 4
 FILL_BATCH = 10_000
 HNSW = "HNSW32"
-EF_SWEEP = (64, 128, 256)  # 128 is the store's default
+EF_SWEEP = (64, 128, 256, 512, 1024)  # 128 is the store's default; requests may ask up to MAX_EF_SEARCH
 NPROBE_SWEEP = (8, 16, 64)  # 16 is the store's default
 FILTERS = (("50%", {"b": {"$lt": 500}}, 0.5), ("5%", {"b": {"$lt": 50}}, 0.05), ("0.1%", {"b": 7}, 0.001))
 NAME = "bench"
@@ -522,6 +522,14 @@ def report(results: dict, sizes: list[int], args) -> int:
                 bratio = s["batch_qps"] / base["batch_qps"]
                 checks.append((f"{HNSW} ≥ 10× Flat's queries/s at {top:,}, batches of {args.batch} "
                                f"({bratio:.1f}×)", bratio >= 10))
+        reach = [s for s in hnsw["search"] if s["recall_vs_flat"] >= 0.95]
+        if reach:  # efSearch is a per-request setting: the cheapest one that reaches the recall target
+            s = reach[0]
+            ratio = s["single_qps"] / base["single_qps"]
+            checks.append((f"{HNSW} at {top:,} with {s['setting']} (per request): recall@10 {s['recall_vs_flat']:.4f} "
+                           f"≥ 0.95 at ≥ 10× Flat's queries/s ({ratio:.1f}× single)", ratio >= 10))
+        else:
+            checks.append((f"{HNSW} recall@10 ≥ 0.95 at {top:,} with some efSearch of {EF_SWEEP}", False))
         if not hnsw["built"]:
             checks.append((f"{HNSW} at {top:,} built within {args.build_timeout:.0f} s "
                            f"({hnsw['covered']:.0%} covered)", False))
