@@ -255,17 +255,17 @@ def build_int8(source: Path, out: Path) -> None:
     0.0002, 0.0001 for layers 0-5; layers 0 and 2 together give 0.9917 (short texts 0.9920 → 0.9941).
     Leaving the QKV projections in float32 instead (quantising MatMuls only) reaches only 0.9904 with a
     third more float32 FLOPs; reduce_range, symmetric activations, asymmetric weights, per-tensor weights
-    all lose more. Measured: README "int8 quality"."""
+    all lose more. Measured: RESULTS.md "int8 and fp16 variants" (`python -m benchmarks.int8_configs`)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(source), load_external_data=False).graph
-    keep = [name for i, name in enumerate(_ffn_outputs(graph)) if i in INT8_FLOAT32_FFN_OUTPUTS]
+    keep = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_FLOAT32_FFN_OUTPUTS]
     quantize_dynamic(str(source), str(out), per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=keep,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
-def _ffn_outputs(graph) -> list[str]:
+def ffn_outputs(graph) -> list[str]:
     """The feed-forward output MatMuls in layer order: those whose constant weight narrows (K > N), as only
     the projection from the intermediate size back to the hidden size does in a transformer layer (a head
     after the pooling may too: it comes after them)."""
