@@ -30,6 +30,13 @@ def test_a_text_gets_the_same_bits_alone_and_in_any_batch(backend):
             assert np.array_equal(got[row], alone[i]), (texts[i], seq_len)
 
 
+def test_spinning_threads_give_the_same_bits(backend, default_export):
+    """SEMBED_INTRA_OP_SPINNING changes how onnxruntime's threads wait, never what they compute."""
+    spinning = OnnxBackend(default_export, pad_to_multiple_of=backend.pad_to_multiple_of, spin=True)
+    texts = ["A man is playing a guitar.", "Heavy rain is expected in the north tomorrow, say forecasters."]
+    assert np.array_equal(spinning.encode(texts), backend.encode(texts))
+
+
 def test_padding_multiple_is_calibrated_for_this_cpu(backend, default_export):
     assert backend.pad_to_multiple_of in (1, 2, 4, 8, 16, 32)
     fixed = OnnxBackend(default_export, pad_to_multiple_of=16)  # a setting skips the calibration
