@@ -54,8 +54,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     # redirect_slashes off: a path a client normalised (DELETE /index/documents/../ becomes DELETE /index/)
     # must find no route, not a redirect to one that clears the index.
-    # FastAPI's native OpenTelemetry asks the global providers on every request (~3 % of the event loop at
-    # concurrency 64, profiled): off unless asked for; Prometheus metrics are ours (service/metrics.py).
+    # FastAPI's native OpenTelemetry asks the global providers on every request (a visible share of the
+    # event loop in a py-spy profile at concurrency 64): off unless asked for; our metrics are Prometheus.
     otel = settings.opentelemetry
     app = FastAPI(title="sembed", version="0.3.0", lifespan=lifespan, responses=ERROR_RESPONSES, redirect_slashes=False,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
