@@ -477,12 +477,16 @@ def test_background_snapshots_while_writers_write(tmp_path, monkeypatch):
     index = make(tmp_path, snapshot_every_ops=15)
     index.create_collection(CollectionSpec(C, DIM))
     index.create_collection(CollectionSpec("other", DIM, "HNSW8"))
-    written = []
+    written, acked, writers_done = [], [], threading.Event()
     real_write_snapshot = LocalIndex._write_snapshot
 
     def slow_write_snapshot(self, seq, captured):
         written.append(seq)
-        time.sleep(0.02)  # writers go on while the snapshot is written
+        # writers go on while the snapshot is written: it ends only after 20 more acknowledged writes (or
+        # the last one), so however fast this disk is, the stream spans several snapshots
+        start, deadline = len(acked), time.monotonic() + 10
+        while len(acked) < start + 20 and not writers_done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
         return real_write_snapshot(self, seq, captured)
 
     monkeypatch.setattr(LocalIndex, "_write_snapshot", slow_write_snapshot)
@@ -509,10 +513,12 @@ def test_background_snapshots_while_writers_write(tmp_path, monkeypatch):
                 put(index, f"o{step}", collection="other")
                 if step == 15:
                     index.clear("other")
+            acked.append(step)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         for f in [pool.submit(writer, t) for t in range(4)]:
             f.result(timeout=120)
+    writers_done.set()
     expected = state(index)
     want = {i: f"text {i} {v}" for m in models for i, v in m.items()}
     assert {i: doc[0] for i, doc in expected[C][5].items()} == want
