@@ -179,7 +179,7 @@ def test_index_build_parameters_reach_milvus(index):
     index.create_collection(CollectionSpec(name, DIM, "HNSW8"))
     try:
         described = index._client.describe_index(index._describe(name)["collection_name"], "vector")
-        assert (described["index_type"], described["params"]) == ("HNSW", {"M": 8, "efConstruction": 200})
+        assert (described["index_type"], described["params"]) == ("HNSW", {"M": 8, "efConstruction": 40})
     finally:
         index.drop_collection(name)
 

@@ -178,3 +178,14 @@ def test_other_types_keep_every_vector_in_the_slot_array(index_type):
     vs.build_now()
     assert vs._store[1] == 0 and np.array_equal(vs.vector(5), data(3000)[5])
     vs.close()
+
+
+def test_hnsw_builds_wider_than_its_level0_links():
+    """FAISS's default efConstruction (40) is narrower than HNSW32's 64 level-0 links: the graph it
+    builds loses recall at scale (RESULTS.md), so the build width follows M."""
+    for spec, want in (("HNSW16", 40), ("HNSW32", 80), ("HNSW64", 160)):
+        vs = VectorSet(DIM, spec, background=False)
+        fill(vs, data(300))
+        vs.build_now()
+        assert faiss.downcast_index(vs._ann.index).hnsw.efConstruction == want
+        vs.close()

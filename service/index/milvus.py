@@ -73,7 +73,6 @@ MAX_TEXT_BYTES = 65_535  # Milvus's largest VARCHAR
 MAX_TOPK = 16_384  # Milvus's largest limit for one search
 WRITE_CHUNK = 1_000  # rows per upsert/delete/get call (gRPC messages stay small)
 MAX_PUSHDOWN_IN = 256  # $in lists longer than this are checked in Python only
-EF_CONSTRUCTION = 200
 FREEZE_TTL_S = 3_600.0  # a rebuild that died leaves its mark; writes resume after this
 SAFE_NUMBER = 2**53  # numbers every Milvus reads exactly, as int64 or as double
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-:@]{1,128}$")  # JSON keys written into an expression as they are
@@ -405,7 +404,7 @@ class MilvusIndex:
         if kind.kind == "flat":
             index_type, build = "FLAT", {}
         elif kind.kind == "hnsw":
-            index_type, build = "HNSW", {"M": kind.hnsw_m, "efConstruction": EF_CONSTRUCTION}
+            index_type, build = "HNSW", {"M": kind.hnsw_m, "efConstruction": kind.ef_construction}
         elif kind.pq_m and self.product_quantization:
             index_type, build = "IVF_PQ", {"nlist": kind.nlist, "m": kind.pq_m, "nbits": 8}
         else:  # IVF<n>,SQ8, and IVF<n>,PQ<m> where PQ is missing (Milvus Lite)
