@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                                       str(info.manifest.get("onnx_sha256", ""))).set(1)
         app.state.registry = reg
         app.state.index = await run_in_threadpool(_open_index, settings, reg)
-        metrics.index_documents.set(app.state.index.info(DEFAULT_COLLECTION).count)
+        metrics.index_documents.set(index.default_documents(app.state.index))
         log.info("serving %s", ", ".join(reg.names()))
         yield
         await run_in_threadpool(reg.stop)
@@ -100,6 +100,8 @@ def _open_index(settings: Settings, reg: ModelRegistry):
                            "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu}
                           if settings.index_backend == "local" else {}))
     info = reg.get().info
+    if info.is_cross_encoder:  # no vectors to index: no default collection (see default_collection)
+        return index
     stamp = ModelStamp(reg.default, info.graph_sha256)
     index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp),
                             exist_ok=True)

@@ -179,6 +179,23 @@ def test_rerank_runs_pairs_through_the_engine_queue():
         assert c.post("/embed", json={"inputs": "x"}).status_code == 424
 
 
+def test_a_reranker_default_gets_no_default_collection():
+    """A cross-encoder makes no vectors: no 1-d default collection stamped by it, and the index routes
+    that would embed say why instead of indexing scores."""
+    with _fake_client(CROSS_ENCODER) as c:
+        assert c.get("/collections").json()["collections"] == []
+        assert c.get("/info").json()["index_documents"] == 0
+        for method, path, body in [("POST", "/index/documents", {"documents": [{"id": "a", "text": "x"}]}),
+                                   ("POST", "/search", {"query": "x"}), ("DELETE", "/index?confirm=true", None),
+                                   ("DELETE", "/index/documents/a", None),
+                                   ("POST", "/collections", {"name": "c"})]:
+            r = c.request(method, path, json=body)
+            assert r.status_code == 424 and "reranker" in r.json()["error"], (path, r.text)
+        r = c.post("/collections", json={"name": "v", "vectors_only": True, "dimension": 3})
+        assert r.status_code == 201, r.text  # client vectors still have a home
+        assert c.post("/collections/v/documents", json={"documents": [{"id": "a", "vector": [1, 0, 0]}]}).json()["added"] == 1
+
+
 def test_rerank_keeps_cosine_for_an_embedding_model():
     with _fake_client("embedding") as c:
         texts = ["a b", "c d e"]

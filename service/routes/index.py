@@ -13,10 +13,12 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from service import schemas
+from service.engine import WrongModelType
 from service.errors import ApiError
 from service.index import (
     DEFAULT_COLLECTION,
     CollectionInfo,
+    CollectionNotFound,
     CollectionSpec,
     Document,
     InvalidRequest,
@@ -37,7 +39,25 @@ def model_stamp(request: Request, name: str | None = None) -> ModelStamp:
     """The stamp a collection embedded by served model `name` (None: the default) carries."""
     reg = registry(request)
     name = name or reg.default
-    return ModelStamp(name, reg.get(name).info.graph_sha256)
+    info = reg.get(name).info
+    if info.is_cross_encoder:
+        raise WrongModelType(f"model {name} is a reranker (cross-encoder): it makes no vectors to index; create the "
+                             "collection with vectors_only, or name an embedding model")
+    return ModelStamp(name, info.graph_sha256)
+
+
+def default_collection(request: Request) -> str:
+    """The first routes' collection. A reranker makes no vectors, so where it is the default model the
+    service made no default collection (a 1-d one stamped by it would only mislead)."""
+    model_stamp(request)
+    return DEFAULT_COLLECTION
+
+
+def default_documents(index) -> int:
+    try:
+        return index.info(DEFAULT_COLLECTION).count
+    except CollectionNotFound:  # the default model is a reranker
+        return 0
 
 
 async def _call(request: Request, method: str, *args, **kwargs):
@@ -220,19 +240,19 @@ def _count(request: Request, name: str, total: int) -> None:
 @router.post("/index/documents", response_model=schemas.AddDocumentsResponse)
 async def add_documents(req: schemas.AddDocumentsRequest, request: Request):
     """Embed and index documents in the default collection; an id already there is replaced."""
-    return await upsert(DEFAULT_COLLECTION, req, request)
+    return await upsert(default_collection(request), req, request)
 
 
 @router.delete("/index/documents/{doc_id}", response_model=schemas.DeleteDocumentsResponse)
 async def delete_default_document(doc_id: str, request: Request):
-    return await delete_document(DEFAULT_COLLECTION, doc_id, request)
+    return await delete_document(default_collection(request), doc_id, request)
 
 
 @router.delete("/index", response_model=schemas.DeleteDocumentsResponse)
 async def clear_index(request: Request, confirm: bool = False):
     """Remove every document of the default collection (?confirm=true)."""
     _confirmed(confirm, "DELETE /index removes every document")
-    result = await _call(request, "clear", DEFAULT_COLLECTION)
+    result = await _call(request, "clear", default_collection(request))
     _count(request, DEFAULT_COLLECTION, 0)
     return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
@@ -240,4 +260,4 @@ async def clear_index(request: Request, confirm: bool = False):
 @router.post("/search", response_model=schemas.SearchResponse)
 async def search_default(req: schemas.SearchRequest, request: Request):
     """Search the default collection (the same body as /collections/{name}/search)."""
-    return await search(DEFAULT_COLLECTION, req, request)
+    return await search(default_collection(request), req, request)

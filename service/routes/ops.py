@@ -8,8 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from service.errors import ApiError
-from service.index import DEFAULT_COLLECTION
 from service.routes.common import settings
+from service.routes.index import default_documents
 
 router = APIRouter(tags=["ops"])
 
@@ -86,7 +86,7 @@ async def info(request: Request):
         "manifest": engine.info.manifest,
         "models": registry.names(),
         "device": engine.info.device,
-        "index_documents": request.app.state.index.info(DEFAULT_COLLECTION).count,
+        "index_documents": default_documents(request.app.state.index),
         "limits": {
             "max_client_batch_size": s.max_client_batch_size,
             "max_input_tokens": engine.info.max_seq_length,
