@@ -94,7 +94,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
 
 def _open_index(settings: Settings, reg: ModelRegistry):
-    """The configured index, with the default collection stamped by the default model (made if absent)."""
+    """The configured index, with the default collection stamped by the default model (made if absent;
+    none for a reranker, which makes no vectors)."""
     index = open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri,
                        **({"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
                            "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu}
