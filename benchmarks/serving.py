@@ -372,7 +372,7 @@ def targets(results: dict, int8: bool) -> list[tuple[str, bool]]:
     for who, ort_ in (("service", "onnxruntime"), ("service int8", "onnxruntime int8"))[: 2 if int8 else 1]:
         for name in ("short", "long"):
             ratio = batch[name][who] / batch[name][ort_]
-            checks.append((f"{who} ≥ 0.95× in-process {ort_}, {name} ({ratio:.2f}×)", ratio >= 0.95))
+            checks.append((f"{who} ≥ 0.95× in-process {ort_}, {name} ({ratio:.3f}×)", ratio >= 0.95))
     checks += [
         (f"concurrency-64 singles ≥ 0.8× batch-32 throughput ({c64['rps'] / short['service']:.2f}×)",
          c64["rps"] >= 0.8 * short["service"]),

@@ -25,8 +25,8 @@ class Settings(BaseSettings):
     variant: Literal["fp32", "int8", "fp16"] = Field("fp32", description="which graph of the export to run; "
                                                      "the export's manifest lists what it has")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
-    intra_op_spinning: bool = Field(False, description="onnxruntime threads busy-wait within a pass (never "
-                                    "between passes): faster passes, less CPU left to HTTP meanwhile")
+    intra_op_spinning: bool = Field(True, description="onnxruntime threads busy-wait within a pass (never "
+                                    "between passes, where HTTP needs the CPU): short passes gain most (README)")
     # With padded lengths a multiple of this, a text's vector has the same bits whatever batch it
     # shares; 0 measures the smallest such multiple for this CPU at start (see backends/onnx.py).
     pad_to_multiple_of: int = Field(0, ge=0)

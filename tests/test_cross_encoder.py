@@ -193,7 +193,8 @@ def test_a_reranker_default_gets_no_default_collection():
             assert r.status_code == 424 and "reranker" in r.json()["error"], (path, r.text)
         r = c.post("/collections", json={"name": "v", "vectors_only": True, "dimension": 3})
         assert r.status_code == 201, r.text  # client vectors still have a home
-        assert c.post("/collections/v/documents", json={"documents": [{"id": "a", "vector": [1, 0, 0]}]}).json()["added"] == 1
+        added = c.post("/collections/v/documents", json={"documents": [{"id": "a", "vector": [1, 0, 0]}]})
+        assert added.json()["added"] == 1
 
 
 def test_rerank_keeps_cosine_for_an_embedding_model():
