@@ -280,11 +280,7 @@ class VectorSet:
         with self._ann_lock:
             covered = self._covered
             scores, slots = self._ann_search(queries, k, n, allowed, ef_search, nprobe)
-        if covered < n:  # the slots the builder has not reached yet (in the array: base <= covered)
-            tail = np.arange(covered, n)
-            tail = tail[self._live[covered:n]] if allowed is None else allowed[allowed >= covered]
-            ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
-            scores, slots = _merge(scores, slots, ts, tl, k)
+        scores, slots = self._with_tail(queries, store, scores, slots, k, covered, n, allowed)
         if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
             live = self._live[:n].copy() if live is None else live
             return self._exact(queries, store, live, min(k, int(np.count_nonzero(live))), allowed)
@@ -308,14 +304,20 @@ class VectorSet:
         slots = np.where(valid, slots, -1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         scores, slots = np.take_along_axis(scores, order, axis=1), np.take_along_axis(slots, order, axis=1)
-        if covered < n:
-            tail = np.arange(covered, n)
-            tail = tail[self._live[covered:n]]
-            ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
-            scores, slots = _merge(scores, slots, ts, tl, k)
+        scores, slots = self._with_tail(queries, store, scores, slots, k, covered, n, None)
         if (slots >= 0).sum(axis=1).min() < k:  # IVF's probes did not reach k documents: the CPU answers
             return None
         return scores, slots
+
+    def _with_tail(self, queries, store, scores, slots, k, covered, n, allowed):
+        """A structure's hits merged with exact search over the (allowed, live) slots it has not
+        reached yet, [covered, n): they are in the array, as base <= covered."""
+        if covered >= n:
+            return scores, slots
+        tail = np.arange(covered, n)
+        tail = tail[self._live[covered:n]] if allowed is None else allowed[allowed >= covered]
+        ts, tl = self._exact(queries, store, None, min(k, len(tail)), tail)
+        return _merge(scores, slots, ts, tl, k)
 
     def _check_params(self, k: int, ef_search: int | None, nprobe: int | None) -> None:
         if ef_search is not None and not max(k, 1) <= ef_search <= MAX_EF_SEARCH:
