@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -23,8 +29,8 @@ class Metrics:
         self.rejected = Counter("sembed_rejected_requests", "requests refused for want of a permit (429)", registry=r)
         self.texts = Counter("sembed_embedded_texts", "texts embedded", registry=r)
         self.tokens = Counter("sembed_embedded_tokens", "non-padding tokens embedded", registry=r)
-        self.input_tokens = Histogram("sembed_input_length_tokens", "tokens per input, after truncation",
-                                      buckets=_TOKEN_BUCKETS, registry=r)
+        self.input_tokens = BulkHistogram("sembed_input_length_tokens", "tokens per input, after truncation",
+                                          _TOKEN_BUCKETS, r)
         self.tokenization_seconds = Histogram("sembed_tokenization_duration_seconds", "tokenisation per request",
                                               buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_seconds = Histogram("sembed_queue_duration_seconds", "wait before a request's first pass",
@@ -43,8 +49,7 @@ class Metrics:
     def observe_request(self, tokenization_s: float, queue_s: float, lengths: list[int]) -> None:
         self.tokenization_seconds.observe(tokenization_s)
         self.queue_seconds.observe(queue_s)
-        for n in lengths:
-            self.input_tokens.observe(n)
+        self.input_tokens.observe_many(lengths)
 
     def observe_pass(self, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None:
         self.batch_size.observe(rows)
@@ -52,3 +57,31 @@ class Metrics:
         self.texts.inc(rows)
         self.tokens.inc(tokens)
         self.inference_seconds.observe(seconds)
+
+
+class BulkHistogram:
+    """A histogram fed all of a request's observations at once (one per input): one numpy count under
+    one lock, where a prometheus Histogram takes an observe() per value, ~5 µs each on the event loop."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last bucket is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        v = np.asarray(values, dtype=np.float64)
+        # Prometheus buckets are "value <= le": the first bound not below the value
+        counts = np.bincount(np.searchsorted(self._bounds, v, side="left"), minlength=len(self._counts))
+        with self._lock:
+            self._counts += counts
+            self._sum += float(v.sum())
+
+    def collect(self):
+        with self._lock:
+            cumulative, total = np.cumsum(self._counts), self._sum
+        bounds = [*map(floatToGoString, self._bounds), "+Inf"]
+        yield HistogramMetricFamily(self.name, self.documentation, sum_value=total,
+                                    buckets=[(b, int(c)) for b, c in zip(bounds, cumulative)])

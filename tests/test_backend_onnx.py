@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.backends import padded_length
-from service.backends.onnx import OnnxBackend
+from service.backends.onnx import OnnxBackend, physical_cores
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,31 @@ def test_spinning_threads_give_the_same_bits(backend, default_export):
     spinning = OnnxBackend(default_export, pad_to_multiple_of=backend.pad_to_multiple_of, spin=True)
     texts = ["A man is playing a guitar.", "Heavy rain is expected in the north tomorrow, say forecasters."]
     assert np.array_equal(spinning.encode(texts), backend.encode(texts))
+
+
+def test_the_thread_count_is_explicit_so_no_worker_is_pinned(backend):
+    """Left at 0, onnxruntime pins its workers to cores; an explicit count (its own default) pins none."""
+    assert backend.session.get_session_options().intra_op_num_threads == physical_cores() >= 1
+
+
+def test_physical_cores_counts_hyperthreads_once(tmp_path, monkeypatch):
+    for cpu, core in enumerate([0, 1, 0, 1, 2]):  # cpus 0/2 and 1/3 are siblings; cpu 4 is not ours
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "core_id").write_text(f"{core}\n")
+        (tmp_path / f"cpu{cpu}" / "topology" / "physical_package_id").write_text("0\n")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert physical_cores(tmp_path) == 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 4}, raising=False)
+    assert physical_cores(tmp_path) == 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {7}, raising=False)  # no topology: one core
+    assert physical_cores(tmp_path) == 1
+
+
+def test_tokenize_gives_the_tokenizers_ids(backend):
+    texts = ["A man is playing a guitar.", "naïve café — 東京", "x " * 400]
+    full = backend.tokenizer.encode_batch(texts)
+    assert [t.ids for t in backend.tokenize(texts)] == [e.ids for e in full]
+    assert backend.tokenize(texts)[2].original_tokens == 402
 
 
 def test_padding_multiple_is_calibrated_for_this_cpu(backend, default_export):
