@@ -75,6 +75,40 @@ def test_json_labels_are_accepted(client):
         assert client.post("/embed", content=b'{"inputs": "x"}', headers={"content-type": label}).status_code == 200
 
 
+@pytest.mark.parametrize("body, says", [
+    (b'{"inputs": ["x"', "not valid JSON: Expecting ',' delimiter (line 1, column 16)"),
+    (b"\xff\xfe{", "not UTF-8 JSON"),
+    (b"", "has no body"),
+])
+def test_a_body_that_is_not_json_says_where(client, body, says):
+    for path in ("/embed", "/similarity", "/v1/embeddings", "/search", "/"):
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
+        message = r.json()["error"]["message"] if path.startswith("/v1/") else r.json()["error"]
+        assert says in message, (path, message)
+
+
+def test_hot_routes_skip_fastapis_generic_handler_and_keep_its_answers(fake):
+    """One body model and the Request: validated straight from the body; other routes keep FastAPI's handler."""
+    from service.routes import admin, index, openai, ops, tei
+    from service.routes.route import JsonBodyRoute
+
+    routes = {(r.path, m): r for router in (tei, openai, index, ops, admin) for r in router.router.routes
+              for m in r.methods}
+    lean = {key for key, r in routes.items() if r.get_route_handler().__qualname__.startswith("JsonBodyRoute")}
+    assert {("/embed", "POST"), ("/similarity", "POST"), ("/rerank", "POST"), ("/v1/embeddings", "POST"),
+            ("/search", "POST"), ("/index/documents", "POST")} <= lean
+    assert not lean & {("/", "POST"), ("/collections/{name}/search", "POST"), ("/v1/models", "GET")}
+    assert all(isinstance(routes[key], JsonBodyRoute) for key in lean)
+    with httpx.Client(base_url=fake.url, timeout=10) as c:  # FastAPI's own wording for what it validates
+        r = c.post("/embed", json=[1])
+        assert r.status_code == 422
+        assert r.json()["error"] == ("invalid request: body: Input should be a valid dictionary or object to "
+                                     "extract fields from")
+        assert r.json()["detail"] == [{"loc": ["body"], "msg": "Input should be a valid dictionary or object to "
+                                       "extract fields from", "type": "model_attributes_type"}]
+
+
 def test_body_over_the_byte_limit_gets_413_before_it_is_read(client):
     r = client.post("/embed", json={"inputs": ["x" * 5000]})
     assert r.status_code == 413 and "4096" in r.json()["error"]

@@ -27,8 +27,9 @@ from service.index import (
     SearchParams,
 )
 from service.routes.common import JSON, check_batch, registry, settings
+from service.routes.route import JsonBodyRoute
 
-router = APIRouter(tags=["search"])
+router = APIRouter(tags=["search"], route_class=JsonBodyRoute)
 
 
 def _index(request: Request):

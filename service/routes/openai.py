@@ -14,8 +14,9 @@ from fastapi import APIRouter, Request
 
 from service import schemas
 from service.routes.common import JSON, check_batch, matryoshka, registry, timing_headers
+from service.routes.route import JsonBodyRoute
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=JsonBodyRoute)
 
 
 @router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)

@@ -3,7 +3,6 @@ POST / (huggingface_hub's InferenceClient posts both of its tasks to the bare UR
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -14,10 +13,10 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from service import schemas
-from service.errors import ApiError
 from service.routes.common import JSON, check_batch, engine, matryoshka, timing_headers
+from service.routes.route import JsonBodyRoute, parse_json
 
-router = APIRouter(tags=["embeddings"])
+router = APIRouter(tags=["embeddings"], route_class=JsonBodyRoute)
 
 
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
@@ -84,10 +83,7 @@ async def tokenize(req: schemas.TokenizeRequest, request: Request):
 async def predict(request: Request):
     """`{"inputs": str | [str]}` embeds (as /embed); `{"inputs": {"source_sentence", "sentences"}}`
     compares (as /similarity). This is where huggingface_hub's InferenceClient sends both tasks."""
-    try:  # the stdlib parser, as for the other routes: a lone surrogate reaches the Unicode check
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(422, f"the body is not JSON: {e}", "Validation") from None
+    body = parse_json(await request.body())
     inputs = body.get("inputs") if isinstance(body, dict) else None
     try:
         if isinstance(inputs, dict):
