@@ -1,6 +1,7 @@
 """The application: a model registry and an index built at start, the guard, three routers.
 
     request → [CORS] → RequestGuard (id, API key, JSON-only, body limits, disconnects, metrics, access log)
+            → HotRoutes (the JSON-body routes, called directly) or FastAPI's router
             → router (native / OpenAI / ops: validate, shape) → registry → engine → backend
 """
 
@@ -25,6 +26,7 @@ from service.metrics import Metrics
 from service.middleware import RequestGuard
 from service.registry import ModelRegistry
 from service.routes import admin, index, openai, ops, tei
+from service.routes.route import HotRoutes
 from service.settings import Settings
 
 log = logging.getLogger("sembed")
@@ -84,6 +86,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     app.include_router(admin.router)
     keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
                         admin_keys_file=settings.admin_api_keys_file, metrics_public=settings.metrics_public)
+    hot = [r for router in (tei.router, index.router, openai.router) for r in router.routes]
+    app.add_middleware(HotRoutes, routes=hot, answer_error=answer_error, enabled=not otel)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
                        body_timeout_s=settings.body_timeout_s, keys=keys, access_log=settings.access_log)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key check

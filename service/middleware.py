@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
-import uuid
 
 import orjson
 from starlette.routing import Match
@@ -51,7 +51,7 @@ class RequestGuard:
         start = time.perf_counter()
         headers = dict(scope["headers"])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request_id = given if _REQUEST_ID.match(given) else os.urandom(16).hex()  # uuid4's length, a tenth the cost
         scope.setdefault("state", {})["request_id"] = request_id
         status = CLIENT_CLOSED
 
@@ -114,22 +114,22 @@ class RequestGuard:
 
     async def _read_body(self, receive) -> tuple[bytes, ApiError | None]:
         chunks, size = [], 0
-        deadline = time.monotonic() + self.body_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
-            except asyncio.TimeoutError:
-                return b"", ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
-                                     "Validation", headers={"Connection": "close"})
-            if message["type"] == "http.disconnect":
-                return b"", _CLIENT_LEFT
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return b"", self._too_large(None)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks), None
+        try:
+            async with asyncio.timeout(self.body_timeout_s):  # one timer for the whole body, no task per read
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return b"", _CLIENT_LEFT
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        return b"", self._too_large(None)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks), None
+        except TimeoutError:
+            return b"", ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                                 "Validation", headers={"Connection": "close"})
 
     async def _run_app(self, scope, receive, send, body: bytes) -> None:
         """Run the route, cancelling it if the client disconnects before the answer is sent."""

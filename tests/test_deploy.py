@@ -3,11 +3,11 @@
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import jsonschema
 import pytest
-import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent

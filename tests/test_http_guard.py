@@ -88,25 +88,18 @@ def test_a_body_that_is_not_json_says_where(client, body, says):
         assert says in message, (path, message)
 
 
-def test_hot_routes_skip_fastapis_generic_handler_and_keep_its_answers(fake):
+def test_routes_with_one_json_body_model_get_the_lean_handler():
     """One body model and the Request: validated straight from the body; other routes keep FastAPI's handler."""
     from service.routes import admin, index, openai, ops, tei
     from service.routes.route import JsonBodyRoute
 
     routes = {(r.path, m): r for router in (tei, openai, index, ops, admin) for r in router.router.routes
               for m in r.methods}
-    lean = {key for key, r in routes.items() if r.get_route_handler().__qualname__.startswith("JsonBodyRoute")}
+    lean = {key for key, r in routes.items() if getattr(r, "direct", None) is not None}
     assert {("/embed", "POST"), ("/similarity", "POST"), ("/rerank", "POST"), ("/v1/embeddings", "POST"),
             ("/search", "POST"), ("/index/documents", "POST")} <= lean
     assert not lean & {("/", "POST"), ("/collections/{name}/search", "POST"), ("/v1/models", "GET")}
     assert all(isinstance(routes[key], JsonBodyRoute) for key in lean)
-    with httpx.Client(base_url=fake.url, timeout=10) as c:  # FastAPI's own wording for what it validates
-        r = c.post("/embed", json=[1])
-        assert r.status_code == 422
-        assert r.json()["error"] == ("invalid request: body: Input should be a valid dictionary or object to "
-                                     "extract fields from")
-        assert r.json()["detail"] == [{"loc": ["body"], "msg": "Input should be a valid dictionary or object to "
-                                       "extract fields from", "type": "model_attributes_type"}]
 
 
 def test_body_over_the_byte_limit_gets_413_before_it_is_read(client):
@@ -265,3 +258,59 @@ def test_sigterm_fails_readiness_then_drains_in_flight_requests():
     server.thread.join(timeout=10)
     assert [a.status_code for a in answers] == [200]  # the in-flight request was answered
     assert not server.thread.is_alive() and not registry.ready  # then the process stopped cleanly
+
+
+_PARITY_REQUESTS = [
+    ("/embed", b'{"inputs": ["a text", "another one"]}'), ("/embed", b'{"inputs": "one", "dimensions": 4}'),
+    ("/embed", b'{"inputs": []}'), ("/embed", b"[1]"), ("/embed", b'{"inputs": ["x"'), ("/embed", b""),
+    ("/embed", b'{"inputs": ["ok", "\\ud800"]}'), ("/embed", b'{"inputs": "x", "truncate": "yes"}'),
+    ("/embed", b'{"inputs": ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]}'),
+    ("/embed", b'{"inputs": ["it will FAIL"]}'), ("/embed", b'{"inputs": "x", "dimensions": 99}'),
+    ("/similarity", b'{"inputs": {"source_sentence": "a b", "sentences": ["a b", "c"]}}'),
+    ("/similarity", b'{"inputs": {"source_sentence": "a"}}'),
+    ("/rerank", b'{"query": "a b", "texts": ["c", "a b"], "return_text": true}'),
+    ("/v1/embeddings", b'{"input": ["a", "b"], "encoding_format": "base64"}'),
+    ("/v1/embeddings", b'{"input": "a", "model": "gpt-nothing"}'), ("/v1/embeddings", b'{"input": 5}'),
+    ("/v1/embeddings", b'{"input": ["FAIL"]}'),
+    ("/index/documents", b'{"documents": [{"id": "d1", "text": "a b c"}]}'),
+    ("/search", b'{"query": "a b c", "k": 1}'), ("/search", b'{"query": "a", "k": 0}'),
+]
+
+
+def _comparable(response: httpx.Response) -> tuple:
+    body = response.json()
+    for holder in (body, body.get("error") if isinstance(body, dict) else None):
+        if isinstance(holder, dict):
+            holder.pop("request_id", None)
+    timing = {"date", "x-request-id", "x-compute-time", "x-tokenization-time", "x-queue-time", "x-inference-time",
+              "x-total-time"}
+    return response.status_code, body, sorted(k for k in response.headers if k not in timing)
+
+
+def test_hot_routes_answer_exactly_as_fastapis_router(tmp_path):
+    """Every request to a route HotRoutes calls directly gets the same answer as through FastAPI's own
+    router and middleware (the same app with HotRoutes taken out), errors included."""
+    from service.routes.route import HotRoutes
+
+    answers = []
+    for direct in (True, False):
+        registry = ModelRegistry()
+        registry.add("fake", Engine(FakeBackend(name="fake"), EngineConfig(max_batch_wait_ms=0)))
+        settings = Settings(backend="fake", max_client_batch_size=16, index_path=str(tmp_path / str(direct)))
+        server = LiveServer(settings, registry)
+        hot = [m for m in server.app.user_middleware if m.cls is HotRoutes]
+        assert len(hot) == 1
+        if not direct:
+            server.app.user_middleware.remove(hot[0])
+        with server, httpx.Client(base_url=server.url, timeout=10) as c:
+            if direct:  # every route asked is one HotRoutes calls directly
+                layer = server.app.middleware_stack
+                while not isinstance(layer, HotRoutes):
+                    layer = layer.app
+                assert {("POST", path) for path, _ in _PARITY_REQUESTS} <= set(layer.table)
+            answers.append([_comparable(c.post(path, content=body, headers={"content-type": "application/json"}))
+                            for path, body in _PARITY_REQUESTS])
+    statuses = [a[0] for a in answers[0]]
+    assert {200, 404, 422, 424} <= set(statuses), statuses
+    for (path, body), fast, slow in zip(_PARITY_REQUESTS, *answers):
+        assert fast == slow, (path, body)
