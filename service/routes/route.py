@@ -55,9 +55,10 @@ class JsonBodyRoute(APIRoute):
 
 class HotRoutes:
     """Calls the lean handler of a JsonBodyRoute with a fixed path straight from the guard, past
-    Starlette's middleware stack and router, which cost a one-text /embed about as much as the engine
-    does (~230 µs a request on 2 cores, measured in process on the fake backend). Errors get the
-    app's own answer (`answer_error`); other requests, and all while OpenTelemetry is on, go to `app`."""
+    Starlette's middleware stack and router: they run on the event loop, which on a small CPU shares
+    the cores with onnxruntime, so under many one-text requests their time comes out of inference.
+    Errors get the app's own answer (`answer_error`); other requests, and all while OpenTelemetry
+    is on, go on to `app`."""
 
     def __init__(self, app, *, routes: list[APIRoute],
                  answer_error: Callable[[Request, Exception], Awaitable[Response]], enabled: bool = True):
