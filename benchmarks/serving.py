@@ -339,10 +339,10 @@ def report(results: dict, variants: list[str]) -> None:
     print(head + f"{'service req':>13}")
     for name, r in results["batch"].items():
         line = (f"{name + ' texts':<12}{r['sentence-transformers']:>18.1f} s/s{r['onnxruntime']:>9.1f} s/s"
-                f"{r['service']:>6.1f} s/s{r['service'] / r['onnxruntime']:>11.2f}x")
+                f"{r['service']:>6.1f} s/s{r['service'] / r['onnxruntime']:>11.3f}x")
         if int8:
             line += (f"{r['onnxruntime int8']:>6.1f} s/s{r['service int8']:>10.1f} s/s"
-                     f"{r['service int8'] / r['onnxruntime int8']:>11.2f}x")
+                     f"{r['service int8'] / r['onnxruntime int8']:>11.3f}x")
         print(line + f"{r['service_request_s']['service'] * 1000:>10.1f} ms")
     if int8:
         for name, r in results["batch"].items():

@@ -82,8 +82,8 @@ class OnnxBackend:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Always an explicit count: left at 0, onnxruntime also pins each worker to a core, and the calling
-        # thread (not pinned) then shares a core with a spinning worker in about one start in four
-        # (a 32-text pass 60 → 77-93 ms for the life of the process, measured on 2 cores).
+        # thread (not pinned) can end up sharing a core with a spinning worker: on 2 cores some starts of
+        # the service ran every pass markedly slower for the life of the process.
         options.intra_op_num_threads = intra_op_threads or physical_cores()
         # Spinning: intra-op threads busy-wait between the parallel sections of a pass instead of sleeping
         # (a wake-up per section costs most on graphs of many small ops, as int8's); never between passes,

@@ -1,9 +1,10 @@
-"""The hot routes' request handler: one JSON body model and the Request, nothing else to solve.
+"""The hot routes: a lean handler for routes whose inputs are one JSON body model and the Request,
+and HotRoutes, which calls it without going through Starlette's middleware stack and router.
 
 FastAPI's generic handler parses the content type with `email.message`, solves a dependency graph
 and fills telemetry records on every request; for `async def route(req: Model, request: Request)`
-all that yields is `Model.model_validate(json.loads(body))`. This route class does just that (the
-same parser and validation, so the same answers), and hands every other route, and every request
+all that yields is `Model.model_validate(json.loads(body))`. JsonBodyRoute does just that (the
+same parser and validation, so the same answers), and leaves every other route, and every request
 while FastAPI's OpenTelemetry is on, to FastAPI's own handler. The body's content type was already
 checked by the guard (415 otherwise). The OpenAPI document is FastAPI's: the route is an APIRoute.
 """
