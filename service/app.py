@@ -79,15 +79,14 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     for kind in (ApiError, EngineError, IndexError_, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
-    app.include_router(tei.router)
-    app.include_router(index.router)
-    app.include_router(openai.router)
-    app.include_router(ops.router)
-    app.include_router(admin.router)
+    routers = (tei.router, index.router, openai.router, ops.router, admin.router)
+    for router in routers:
+        app.include_router(router)
     keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
                         admin_keys_file=settings.admin_api_keys_file, metrics_public=settings.metrics_public)
-    hot = [r for router in (tei.router, index.router, openai.router) for r in router.routes]
-    app.add_middleware(HotRoutes, routes=hot, answer_error=answer_error, enabled=not otel)
+    # HotRoutes takes the JsonBodyRoutes among them and leaves the rest to the router
+    app.add_middleware(HotRoutes, routes=[r for router in routers for r in router.routes], answer_error=answer_error,
+                       enabled=not otel)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
                        body_timeout_s=settings.body_timeout_s, keys=keys, access_log=settings.access_log)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key check
