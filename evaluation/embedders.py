@@ -136,7 +136,7 @@ class OnnxEmbedder:
     """An export directory in process, through the same backend the service runs."""
 
     def __init__(self, export_dir: str | Path, variant: str = "fp32"):
-        from service.backends.onnx import OnnxBackend
+        from service.engine.backends.onnx import OnnxBackend
 
         self.encoder = OnnxBackend(export_dir, variant=variant)
         self.name = self.encoder.manifest.name + ("" if variant == "fp32" else f" ({variant})")

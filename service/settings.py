@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from service.engine import EngineConfig
 
 
 class Settings(BaseSettings):
@@ -20,7 +19,9 @@ class Settings(BaseSettings):
     model_dir: Path = Field(Path("models/all-MiniLM-L6-v2"), description="export directory to serve")
     models: str | None = Field(None, description="several exports: 'name=dir,name2=dir2'; the first is the "
                                "default, the OpenAI `model` field picks one; replaces model_dir")
-    backend: Literal["onnx", "fake"] = Field("onnx", description="fake: a model-free backend for tests")
+    backend: Literal["onnx", "null", "fake"] = Field("onnx", description="null: the export's tokenizer and "
+                                                     "dimension, no model compute (measures the server itself); "
+                                                     "fake: a model-free backend for tests")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
     variant: Literal["fp32", "int8", "fp16"] = Field("fp32", description="which graph of the export to run; "
                                                      "the export's manifest lists what it has")
@@ -43,17 +44,23 @@ class Settings(BaseSettings):
                                 "request says truncate=false (then they get 422)")
     max_search_k: int = Field(1000, ge=1)
 
+    # --- processes -------------------------------------------------------------------------------
+    api_workers: int = Field(0, ge=0, description="API processes (HTTP, validation, tokenisation, answers) in front "
+                             "of the engines; 0 = half the cores, at least 1 and at most 8 (the other half runs "
+                             "the model: onnxruntime on a CPU, feeding the device on a GPU)")
+
     # --- the engine -------------------------------------------------------------------------------
     # Unset: TEI's 16384 on a GPU; 4096 on a CPU, where a 16384-token pass takes seconds (a one-text
     # request waits for it) and holds twice the memory, for no more throughput (measured: README).
     max_batch_tokens: int | None = Field(None, ge=16, description="tokens per forward pass, padding included")
     max_batch_requests: int = Field(64, ge=1, description="inputs per forward pass")
-    max_concurrent_requests: int = Field(512, ge=1, description="inputs in flight; beyond it 429")
-    max_batch_wait_ms: float = Field(2.0, ge=0, description="how long a pass waits for requests still "
-                                     "being tokenised")
+    max_queue_wait_s: float = Field(5.0, gt=0, description="admission: a request the engine expects to keep "
+                                    "longer than this (the tokens ahead of it over the measured pass rate) gets "
+                                    "429 with Retry-After; small requests still get in")
+    max_queued_inputs: int = Field(8192, ge=1, description="inputs an engine holds at most, whatever their "
+                                   "expected wait (a memory bound); beyond it 429")
     request_timeout_s: float = Field(60.0, gt=0, description="inputs queued longer than this are dropped (503)")
-    tokenization_workers: int = Field(0, ge=0, description="0 = one per core, at most 4")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 503")
 
     # --- shutdown ---------------------------------------------------------------------------------
     drain_delay_s: float = Field(5.0, ge=0, description="after SIGTERM, not ready but still serving this long "
@@ -104,12 +111,11 @@ class Settings(BaseSettings):
             return [(name, Path(d)) for name, d in parse_models(self.models)]
         return [(None, self.model_dir)]
 
-    def engine_config(self) -> EngineConfig:
-        budget = self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)
-        return EngineConfig(max_batch_tokens=budget, max_batch_requests=self.max_batch_requests,
-                            max_concurrent_requests=self.max_concurrent_requests,
-                            max_batch_wait_ms=self.max_batch_wait_ms, request_timeout_s=self.request_timeout_s,
-                            tokenization_workers=self.tokenization_workers, auto_truncate=self.auto_truncate)
+    def batch_token_budget(self) -> int:
+        return self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)
+
+    def api_worker_count(self) -> int:
+        return self.api_workers or min(8, max(1, (os.cpu_count() or 2) // 2))
 
 
 def parse_models(spec: str) -> list[tuple[str, str]]:

@@ -75,14 +75,16 @@ class LiveServer:
         import socket
         import threading
 
-        from service.app import create_app
+        from service.api.app import create_app
+        from service.api.server import build_server
+        from tests.inprocess import InProcessLoader, registry_from_settings
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.app = create_app(settings, registry)
-        from service.server import build_server
+        registry = registry or registry_from_settings(settings)
+        self.app = create_app(settings, registry, loader=InProcessLoader(settings, registry))
 
         self.server = build_server(self.app, settings, host="127.0.0.1", port=port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from service.backends.fake import FakeBackend
-from service.engine import Engine
-from service.registry import ModelRegistry
+from service.api.registry import ModelRegistry
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine
 from service.settings import Settings
 from tests.conftest import LiveServer
 
@@ -21,7 +21,7 @@ def secured(tmp_path_factory):
     keys_file = tmp_path_factory.mktemp("secret") / "keys"
     keys_file.write_text("# mounted secret\nfile-key\n\n")
     registry = ModelRegistry()
-    registry.add("fake", Engine(FakeBackend(name="fake")))
+    registry.add_in_process("fake", Engine(FakeBackend(name="fake")))
     settings = Settings(backend="fake", api_keys="key-one, key-two", api_keys_file=keys_file, metrics_public=False,
                         cors_origins="https://app.example")
     with LiveServer(settings, registry) as server:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.backends import padded_length
-from service.backends.onnx import OnnxBackend, physical_cores
+from service.engine.backends import padded_length
+from service.engine.backends.onnx import OnnxBackend, physical_cores
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_an_export_must_give_back_its_recorded_golden_vectors(default_export, tm
     import json
     import shutil
 
-    from service.backends.onnx import IntegrityError
+    from service.engine.backends.onnx import IntegrityError
     from service.manifest import Manifest
 
     manifest = Manifest.load(default_export)
@@ -120,7 +120,7 @@ def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export,
     """No GPU here: onnxruntime is told it has CUDA, and the session it is asked for is recorded, not run."""
     import onnxruntime as ort
 
-    from service.backends.onnx import GOLDEN_TOLERANCE, OTHER_DEVICE_GOLDEN_TOLERANCE
+    from service.engine.backends.onnx import GOLDEN_TOLERANCE, OTHER_DEVICE_GOLDEN_TOLERANCE
 
     asked = {}
 

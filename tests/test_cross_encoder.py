@@ -13,10 +13,10 @@ import torch
 from fastapi.testclient import TestClient
 from torch import nn
 
-from service.backends.fake import FakeBackend
-from service.engine import Engine
+from service.api.registry import ModelRegistry
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine
 from service.manifest import CROSS_ENCODER
-from service.registry import ModelRegistry
 from service.settings import Settings
 from training.config import PRESETS, make_config
 from training.data import ScoredPair
@@ -102,7 +102,7 @@ def test_trains_with_pair_score_model_selection(trained, shared_data):
 def test_export_is_a_pair_scorer_with_torch_parity(trained):
     import onnx
 
-    from service.backends.onnx import OnnxBackend
+    from service.engine.backends.onnx import OnnxBackend
     from training.cross_encoder import CrossEncoder
 
     run_dir, export_dir = trained
@@ -155,10 +155,10 @@ def test_service_reranks_with_the_export_and_refuses_embeddings(trained):
 
 
 def _fake_client(kind: str) -> TestClient:
-    from service.app import create_app
+    from service.api.app import create_app
 
     registry = ModelRegistry()
-    registry.add("fake", Engine(FakeBackend(kind=kind, max_seq_length=16)))
+    registry.add_in_process("fake", Engine(FakeBackend(kind=kind, max_seq_length=16)))
     return TestClient(create_app(Settings(backend="fake"), registry))
 
 
@@ -170,7 +170,7 @@ def test_rerank_runs_pairs_through_the_engine_queue():
         assert r.status_code == 200, r.text
         # best first; a tie keeps the input order
         assert [(h["index"], h["score"]) for h in r.json()] == [(1, 5.0), (0, 1.0), (3, 1.0), (2, -1.0)]
-        backend = c.app.state.registry.get().backend
+        backend = c.app.state.registry.get().client.engine.backend
         assert sorted(backend.passes[-1]) == [11, 11, 11, 15]  # one pass of [CLS] query [SEP] text [SEP] rows
         # longer than max_seq_length: cut (longer side first) by default, refused with truncate=false
         long = " ".join(f"w{i}" for i in range(20))

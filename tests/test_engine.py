@@ -7,31 +7,50 @@ import asyncio
 import numpy as np
 import pytest
 
-from service.backends import padded_length
-from service.backends.fake import FakeBackend
-from service.engine import Engine, EngineConfig, InferenceFailed, InputTooLong, InvalidInput, Overloaded, QueueDeadline
+from service.api.registry import ModelRegistry
+from service.engine.backends import padded_length
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine, EngineConfig
+from service.ipc.messages import (
+    InferenceFailed,
+    InputTooLong,
+    InvalidInput,
+    Overloaded,
+    QueueDeadline,
+)
 
 
 def words(n: int, tag: str = "w") -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
 
-def make_engine(**config) -> tuple[Engine, FakeBackend]:
+class Harness:
+    """The engine as the routes reach it: texts tokenised by the API side's model entry, then the engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.served = ModelRegistry().add_in_process("m", engine)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    async def embed(self, texts, **options):
+        return await self.served.embed(texts, **options)
+
+
+def make_engine(**config) -> tuple[Harness, FakeBackend]:
     backend = FakeBackend(max_seq_length=config.pop("max_seq_length", 64), pad_to_multiple_of=8)
-    engine = Engine(backend, EngineConfig(**{"max_batch_wait_ms": 0, **config}))
-    engine.start()
-    return engine, backend
+    return Harness(Engine(backend, EngineConfig(**config))), backend
 
 
 def alone(backend: FakeBackend, text: str) -> np.ndarray:
-    item = backend.tokenize([text])[0]
+    item = backend.items([text])[0]
     return backend.run([item], padded_length(item.length, backend.pad_to_multiple_of))[0][0]
 
 
-async def queued(engine: Engine) -> None:
+async def queued(engine) -> None:
     """Every request started so far has been tokenised and queued (or refused)."""
-    await asyncio.sleep(0.01)
-    await until(lambda: engine.queue.incoming == 0)
+    await asyncio.sleep(0.02)
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
@@ -110,7 +129,7 @@ def test_a_small_request_is_not_starved_by_a_huge_one():
 
 
 def test_no_permit_means_an_immediate_overloaded():
-    engine, backend = make_engine(max_concurrent_requests=4)
+    engine, backend = make_engine(max_queued_inputs=4)
 
     async def run():
         backend.gate.clear()
@@ -118,7 +137,7 @@ def test_no_permit_means_an_immediate_overloaded():
         await until(lambda: engine.in_flight == 3)
         with pytest.raises(Overloaded, match="retry"):
             await engine.embed(["d", "e"])
-        with pytest.raises(InvalidInput, match="at most 4 in flight"):  # never, not 'later'
+        with pytest.raises(InvalidInput, match="holds at most 4"):  # never, not 'later'
             await engine.embed(["x"] * 5)
         fits = asyncio.ensure_future(engine.embed(["f"]))
         await asyncio.sleep(0.01)
@@ -222,15 +241,25 @@ def test_truncate_false_names_the_token_count():
     engine.stop()
 
 
-def test_a_pass_waits_briefly_for_requests_still_being_tokenised():
-    engine, backend = make_engine(max_batch_wait_ms=200, max_batch_requests=64)
+def test_admission_refuses_by_expected_wait_so_small_requests_still_get_in():
+    engine, backend = make_engine(max_queue_wait_s=1.0, max_batch_requests=8)
+    engine.admission.observe_pass(100, 1.0)  # 100 tokens/s: a test knows every estimate
 
     async def run():
-        return await asyncio.gather(*(engine.embed([f"text {i}"]) for i in range(20)))
+        backend.gate.clear()
+        big = [asyncio.ensure_future(engine.embed([words(8, f"b{i}{j}") for j in range(4)])) for i in range(2)]
+        await queued(engine)  # both (2 × 40 tokens) are in the pass on the device, held at the gate
+        with pytest.raises(Overloaded, match="would wait about 1.2 s") as refused:
+            await engine.embed([words(8, f"c{j}") for j in range(4)])  # its own 40 + the 80 running: 1.2 s
+        small = asyncio.ensure_future(engine.embed(["one"]))  # 3 + 80 tokens: 0.83 s, admitted
+        await queued(engine)
+        backend.gate.set()
+        return refused.value, await small, await asyncio.gather(*big)
 
-    asyncio.run(run())
+    refused, small, big = asyncio.run(run())
     engine.stop()
-    assert len(backend.passes) <= 3 and sum(map(len, backend.passes)) == 20
+    assert refused.retry_after_s == 1.0 and small.vectors.shape == (1, 8) and len(big) == 2
+    assert engine.metrics.rejected._value.get() == 1
 
 
 def test_stop_finishes_what_is_queued_then_refuses():
@@ -239,7 +268,7 @@ def test_stop_finishes_what_is_queued_then_refuses():
     async def run():
         results = await asyncio.gather(*(engine.embed([f"text {i}"]) for i in range(5)))
         await asyncio.get_running_loop().run_in_executor(None, engine.stop)
-        from service.engine import NotReady
+        from service.ipc.messages import NotReady
 
         with pytest.raises(NotReady):
             await engine.embed(["after stop"])

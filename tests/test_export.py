@@ -9,7 +9,7 @@ import onnx
 import pytest
 import torch
 
-from service.backends.onnx import IntegrityError, OnnxBackend
+from service.engine.backends.onnx import IntegrityError, OnnxBackend
 from service.manifest import Manifest, sha256_file
 from training.default_model import ChecksumError, verify_weights
 from training.encoder import SentenceEncoder
@@ -255,17 +255,17 @@ def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_pat
 def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path):
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
     from service.settings import Settings
+    from tests.inprocess import app_in_process
 
-    with TestClient(create_app(Settings(model_dir=default_export, variant="int8"))) as c:
+    with TestClient(app_in_process(Settings(model_dir=default_export, variant="int8"))) as c:
         assert c.get("/info").json()["model_dtype"] == "int8"
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
     # fp16 on the CPU: onnxruntime runs it (most ops in float32 through casts) and it passes its golden check
-    with TestClient(create_app(Settings(model_dir=default_export, variant="fp16"))) as c:
+    with TestClient(app_in_process(Settings(model_dir=default_export, variant="fp16"))) as c:
         assert c.get("/info").json()["model_dtype"] == "float16"
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
     export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e", fp16=False)
     with pytest.raises(ValueError, match="has no fp16 variant"), \
-            TestClient(create_app(Settings(model_dir=tmp_path / "e", variant="fp16"))):
+            TestClient(app_in_process(Settings(model_dir=tmp_path / "e", variant="fp16"))):
         pass

@@ -9,9 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
-from service.backends.fake import FakeBackend
-from service.engine import Engine
-from service.registry import ModelRegistry
+from service.api.registry import ModelRegistry
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine
 from service.settings import Settings
 from tests.conftest import LiveServer
 
@@ -20,7 +20,7 @@ ADMIN = {"authorization": "Bearer admin-key"}
 
 def make_server(tmp_path, model="v1", **settings):
     registry = ModelRegistry()
-    registry.add("main", Engine(FakeBackend(name=model)))
+    registry.add_in_process("main", Engine(FakeBackend(name=model)))
     settings = Settings(backend="fake", admin_api_keys="admin-key", models_root=tmp_path / "models",
                         index_path=tmp_path / "index", **settings)
     live = LiveServer(settings, registry)

@@ -566,14 +566,14 @@ def test_concurrent_writers_share_fsyncs(tmp_path, monkeypatch):
 
 @pytest.fixture
 def server(tmp_path):
-    from service.backends.fake import FakeBackend
-    from service.engine import Engine, EngineConfig
-    from service.registry import ModelRegistry
+    from service.api.registry import ModelRegistry
+    from service.engine.backends.fake import FakeBackend
+    from service.engine.core import Engine, EngineConfig
     from service.settings import Settings
     from tests.conftest import LiveServer
 
     registry = ModelRegistry()
-    registry.add("fake", Engine(FakeBackend(name="fake"), EngineConfig(max_batch_wait_ms=0)))
+    registry.add_in_process("fake", Engine(FakeBackend(name="fake"), EngineConfig()))
     settings = Settings(backend="fake", index_path=tmp_path / "index", access_log=False)
     with LiveServer(settings, registry) as live:
         yield live

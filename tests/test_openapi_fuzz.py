@@ -15,9 +15,9 @@ from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from schemathesis.checks import CHECKS  # noqa: E402
 
-from service.backends.fake import FakeBackend  # noqa: E402
-from service.engine import Engine  # noqa: E402
-from service.registry import ModelRegistry  # noqa: E402
+from service.api.registry import ModelRegistry  # noqa: E402
+from service.engine.backends.fake import FakeBackend  # noqa: E402
+from service.engine.core import Engine  # noqa: E402
 from service.settings import Settings  # noqa: E402
 from tests.conftest import LiveServer  # noqa: E402
 
@@ -25,7 +25,7 @@ from tests.conftest import LiveServer  # noqa: E402
 @pytest.fixture(scope="module")
 def fake_service():
     registry = ModelRegistry()
-    registry.add("fake", Engine(FakeBackend(name="fake")))
+    registry.add_in_process("fake", Engine(FakeBackend(name="fake")))
     with LiveServer(Settings(backend="fake", max_search_k=50), registry) as server:
         yield server
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from service.backends.fake import FakeBackend
-from service.engine import Engine
-from service.registry import ModelRegistry
+from service.api.registry import ModelRegistry
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine
 from service.settings import Settings
 from tests.conftest import LiveServer
 
@@ -31,7 +31,7 @@ def spans():
 @pytest.mark.parametrize("enabled", [False, True])
 def test_spans_only_when_asked_for(spans, enabled):
     registry = ModelRegistry()
-    registry.add("fake", Engine(FakeBackend(name="fake")))
+    registry.add_in_process("fake", Engine(FakeBackend(name="fake")))
     spans.clear()
     with LiveServer(Settings(backend="fake", opentelemetry=enabled), registry) as server:
         r = httpx.post(server.url + "/embed", json={"inputs": ["a text"]})

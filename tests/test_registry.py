@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
 
-from service.metrics import Metrics
-from service.registry import ModelNotFound, ModelRegistry
+from service.api.registry import ModelNotFound
 from service.settings import Settings
+from tests.inprocess import registry_from_settings
 
 
 def test_several_models_from_one_setting():
     settings = Settings(backend="fake", models="small=exports/a, large=exports/b")
     assert [(n, str(p)) for n, p in settings.model_dirs()] == [("small", "exports/a"), ("large", "exports/b")]
-    registry = ModelRegistry.from_settings(settings, Metrics())
+    registry = registry_from_settings(settings)
     try:
         assert registry.names() == ["small", "large"] and registry.default == "small"
         assert registry.get() is registry.get("small") and registry.get("large") is not registry.get("small")
@@ -21,7 +23,7 @@ def test_several_models_from_one_setting():
         with pytest.raises(ModelNotFound, match="no model named 'medium'"):
             registry.get("medium")
     finally:
-        registry.stop()
+        asyncio.run(registry.close())
     assert not registry.ready
 
 
@@ -32,9 +34,9 @@ def test_malformed_model_lists_are_refused_at_start(spec):
 
 
 def test_the_default_is_the_single_export_under_its_own_name(default_export):
-    registry = ModelRegistry.from_settings(Settings(model_dir=default_export), Metrics())
+    registry = registry_from_settings(Settings(model_dir=default_export))
     try:
         assert registry.names() == ["all-MiniLM-L6-v2"]
         assert registry.get().info.dimension == 384
     finally:
-        registry.stop()
+        asyncio.run(registry.close())

@@ -7,9 +7,9 @@ import asyncio
 import httpx
 import pytest
 
-from service.backends.fake import FakeBackend
-from service.engine import Engine
-from service.registry import ModelRegistry
+from service.api.registry import ModelRegistry
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine
 from service.settings import Settings
 from tests.conftest import LiveServer
 
@@ -19,7 +19,7 @@ ADMIN = {"authorization": "Bearer admin-key"}
 @pytest.fixture
 def server(tmp_path):
     registry = ModelRegistry()
-    registry.add("main", Engine(FakeBackend(name="v1", seconds_per_token=2e-4)))
+    registry.add_in_process("main", Engine(FakeBackend(name="v1", seconds_per_token=2e-4)))
     settings = Settings(backend="fake", admin_api_keys="admin-key", models_root=tmp_path, shutdown_grace_s=10)
     with LiveServer(settings, registry) as live:
         live.registry = registry
@@ -73,9 +73,9 @@ def test_reload_needs_the_admin_key_and_a_name_under_the_root(server):
 
 def test_a_reload_refuses_another_kind_of_model(server, monkeypatch):
     from service.manifest import CROSS_ENCODER
-    from service.routes import admin
+    from tests import inprocess
 
-    monkeypatch.setattr(admin, "load_engine", lambda s, export_dir, metrics: Engine(
+    monkeypatch.setattr(inprocess, "load_engine", lambda s, export_dir: Engine(
         FakeBackend(name=export_dir.name, kind=CROSS_ENCODER)))
     with httpx.Client(base_url=server.url) as c:
         r = c.post("/admin/models/main/reload", json={"export": "reranker"}, headers=ADMIN)
@@ -87,7 +87,7 @@ def test_a_reload_refuses_another_kind_of_model(server, monkeypatch):
 
 def test_admin_routes_are_closed_without_an_admin_key():
     registry = ModelRegistry()
-    registry.add("main", Engine(FakeBackend()))
+    registry.add_in_process("main", Engine(FakeBackend()))
     with LiveServer(Settings(backend="fake"), registry) as live:
         r = httpx.post(f"{live.url}/admin/models/main/reload", json={"export": "v2"})
         assert r.status_code == 403 and "SEMBED_ADMIN_API_KEYS" in r.json()["error"]
@@ -99,7 +99,7 @@ def test_a_real_export_is_verified_before_it_serves(default_export, tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from tests.inprocess import app_in_process
 
     shutil.copytree(default_export, tmp_path / "good")
     shutil.copytree(default_export, tmp_path / "bad")
@@ -107,7 +107,7 @@ def test_a_real_export_is_verified_before_it_serves(default_export, tmp_path):
     manifest["golden"]["embeddings"][0][0] += 0.5
     (tmp_path / "bad" / "manifest.json").write_text(json.dumps(manifest))
     settings = Settings(model_dir=tmp_path / "good", models_root=tmp_path, admin_api_keys="admin-key")
-    with TestClient(create_app(settings)) as c:
+    with TestClient(app_in_process(settings)) as c:
         before = c.post("/embed", json={"inputs": "hello"}).json()
         refused = c.post("/admin/models/all-MiniLM-L6-v2/reload", json={"export": "bad"}, headers=ADMIN)
         assert refused.status_code == 422 and "golden" in refused.json()["error"]

@@ -38,7 +38,7 @@ def vectors(response) -> np.ndarray:
 
 
 def test_embed_single_string_and_order(client, default_export):
-    from service.backends.onnx import OnnxBackend
+    from service.engine.backends.onnx import OnnxBackend
 
     texts = ["first sentence", "B", "a third, much longer sentence than the other two"]
     batch = vectors(client.post("/embed", json={"inputs": texts}))

@@ -9,9 +9,9 @@ def test_service_runs_without_importing_torch(default_export):
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 from fastapi.testclient import TestClient
-from service.app import create_app
+from tests.inprocess import app_in_process
 from service.settings import Settings
-with TestClient(create_app(Settings(model_dir={str(default_export)!r}))) as c:
+with TestClient(app_in_process(Settings(model_dir={str(default_export)!r}))) as c:
     r = c.post("/embed", json={{"inputs": ["hello"]}})
     assert r.status_code == 200 and len(r.json()[0]) == 384, r.text
     c.post("/index/documents", json={{"documents": [{{"id": "1", "text": "hello"}}]}})

@@ -54,10 +54,10 @@ def test_method_trains_and_exports_a_servable_model(method, tiny_model_dir, shar
     assert manifest["parity_max_abs_diff"] <= 1e-4
     assert manifest["max_seq_length"] == 24
 
-    from service.app import create_app
     from service.settings import Settings
+    from tests.inprocess import app_in_process
 
-    with TestClient(create_app(Settings(model_dir=export_dir))) as client:
+    with TestClient(app_in_process(Settings(model_dir=export_dir))) as client:
         if manifest.get("kind") == "cross-encoder":  # a pair scorer: /rerank (tests/test_cross_encoder.py)
             hits = client.post("/rerank", json={"query": "a trained model", "texts": ["ranks", "texts"]}).json()
             assert sorted(h["index"] for h in hits) == [0, 1]

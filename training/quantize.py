@@ -346,7 +346,7 @@ class Reference:
     """The fp32 graph's vectors for the quality sets, computed once for every variant measured."""
 
     def __init__(self, export_dir: Path, stsb_dev: list[tuple[str, str, float]] | None):
-        from service.backends.onnx import OnnxBackend
+        from service.engine.backends.onnx import OnnxBackend
 
         self.backend = OnnxBackend(export_dir, pad_to_multiple_of=1, verify=False)
         self.short = self.backend.encode(QUALITY_SENTENCES)
@@ -367,7 +367,7 @@ def measure(export_dir: Path, variant_file: str, stsb_dev: list[tuple[str, str, 
     """Cosine of the variant's embeddings to fp32's on the short sentences and on the long passages, and
     STS-B dev Spearman of both when given pairs (`reference`, if given, was made with the same pairs).
     Run here, on this machine's CPU (`measured_on`)."""
-    from service.backends.onnx import OnnxBackend
+    from service.engine.backends.onnx import OnnxBackend
 
     reference = reference or Reference(export_dir, stsb_dev)
     variant = OnnxBackend(export_dir, pad_to_multiple_of=1, verify=False, graph_file=variant_file)

@@ -1,8 +1,12 @@
-"""The application: a model registry and an index built at start, the guard, three routers.
+"""An API process's application: the guard, the routers, a model registry and the index.
 
     request → [CORS] → RequestGuard (id, API key, JSON-only, body limits, disconnects, metrics, access log)
-            → HotRoutes (the JSON-body routes, called directly) or FastAPI's router
-            → router (native / OpenAI / ops: validate, shape) → registry → engine → backend
+            → FastAPI router (native / OpenAI / index / ops / admin: validate, shape)
+            → registry: tokenise here → EngineClient → the engine process (admission, queue, model)
+            → index client → the index writer process (or Milvus)
+
+`topology` says where the engines and the index run (the supervisor's processes); tests pass a
+`registry` of engines in this process instead, and an index of their own or none (opened here).
 """
 
 from __future__ import annotations
@@ -18,40 +22,47 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.auth import ApiKeys
-from service.engine import EngineError
-from service.errors import ERROR_RESPONSES, ApiError, error_body, to_api_error
+from service.api.auth import ApiKeys
+from service.api.errors import ERROR_RESPONSES, ApiError, error_body, to_api_error
+from service.api.middleware import RequestGuard
+from service.api.registry import ModelRegistry
+from service.api.routes import admin, index, openai, ops, tei
+from service.api.topology import ModelLoader, SupervisorLoader, Topology, connect_registry
 from service.index import DEFAULT_COLLECTION, CollectionSpec, IndexError_, ModelStamp, open_index
-from service.metrics import Metrics
-from service.middleware import RequestGuard
-from service.registry import ModelRegistry
-from service.routes import admin, index, openai, ops, tei
-from service.routes.route import HotRoutes
+from service.index.remote import IndexClient
+from service.ipc.messages import EngineError
+from service.metrics import ApiMetrics
 from service.settings import Settings
 
 log = logging.getLogger("sembed")
 
 
-def create_app(settings: Settings | None = None, registry: ModelRegistry | None = None) -> FastAPI:
-    """`registry`: models already loaded (tests pass one over the fake backend); else from settings."""
+def create_app(settings: Settings | None = None, registry: ModelRegistry | None = None,
+               topology: Topology | None = None, loader: ModelLoader | None = None) -> FastAPI:
     settings = settings or Settings()
-    metrics = Metrics()
+    metrics = registry.metrics if registry is not None else ApiMetrics()
+    if registry is None and topology is None:
+        raise ValueError("create_app needs the supervisor's topology, or a registry of engines (tests)")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        reg = registry or await run_in_threadpool(ModelRegistry.from_settings, settings, metrics)
+        reg = registry or await connect_registry(topology, settings, metrics)
         for name in reg.names():
-            engine = reg.get(name)
-            engine.metrics = metrics
-            info = engine.info
+            info = reg.get(name).info
             metrics.model_info.labels(name, str(info.dimension), str(info.max_seq_length), info.device,
                                       str(info.manifest.get("onnx_sha256", ""))).set(1)
         app.state.registry = reg
-        app.state.index = await run_in_threadpool(_open_index, settings, reg)
+        app.state.loader = loader or (SupervisorLoader(topology, settings, reg) if topology is not None else None)
+        if topology is not None and topology.index_endpoint:  # the local index's one writer process
+            app.state.index = IndexClient(topology.index_endpoint)
+        else:
+            app.state.index = await run_in_threadpool(open_index_here, settings)
+        # idempotent: every API process may ask, the first one makes it
+        await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.default, reg.get().info)
         metrics.index_documents.set(index.default_documents(app.state.index))
         log.info("serving %s", ", ".join(reg.names()))
         yield
-        await run_in_threadpool(reg.stop)
+        await reg.close()
         await run_in_threadpool(app.state.index.close)
 
     # redirect_slashes off: a path a client normalised (DELETE /index/documents/../ becomes DELETE /index/)
@@ -64,7 +75,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.staged_engines = {}  # model stamp → engine loaded by a reload, before the registry switches to it
+    app.state.staged_models = {}  # model stamp → model loaded by a reload, before the registry switches to it
 
     async def answer_error(request: Request, exc: Exception) -> Response:
         error = to_api_error(exc, settings.retry_after_s)
@@ -79,14 +90,10 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     for kind in (ApiError, EngineError, IndexError_, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
-    routers = (tei.router, index.router, openai.router, ops.router, admin.router)
-    for router in routers:
+    for router in (tei.router, index.router, openai.router, ops.router, admin.router):
         app.include_router(router)
     keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
                         admin_keys_file=settings.admin_api_keys_file, metrics_public=settings.metrics_public)
-    # HotRoutes takes the JsonBodyRoutes among them and leaves the rest to the router
-    app.add_middleware(HotRoutes, routes=[r for router in routers for r in router.routes], answer_error=answer_error,
-                       enabled=not otel)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
                        body_timeout_s=settings.body_timeout_s, keys=keys, access_log=settings.access_log)
     if settings.cors_origins:  # outermost: a browser's preflight is answered before the key check
@@ -96,17 +103,20 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     return app
 
 
-def _open_index(settings: Settings, reg: ModelRegistry):
-    """The configured index, with the default collection stamped by the default model (made if absent;
-    none for a reranker, which makes no vectors)."""
-    index = open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri,
-                       **({"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
-                           "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu}
-                          if settings.index_backend == "local" else {}))
-    info = reg.get().info
+def open_index_here(settings: Settings):
+    """The configured index opened in this process: Milvus (a server every API process talks to), or a
+    local index where this process is the only one (tests)."""
+    options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
+               "snapshot_every_s": settings.index_snapshot_every_s,
+               "gpu": settings.index_gpu} if settings.index_backend == "local" else {}
+    return open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri, **options)
+
+
+def prepare_default_collection(index, settings: Settings, model: str, info):
+    """Make the default collection, stamped by the default model, if absent (none for a reranker)."""
     if info.is_cross_encoder:  # no vectors to index: no default collection (see default_collection)
         return index
-    stamp = ModelStamp(reg.default, info.graph_sha256)
+    stamp = ModelStamp(model, info.graph_sha256)
     index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp),
                             exist_ok=True)
     current = index.info(DEFAULT_COLLECTION).model

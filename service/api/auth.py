@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 from pathlib import Path
 
-from service.errors import ApiError
+from service.api.errors import ApiError
 
 #: liveness, readiness and health stay public: orchestrators probe them without credentials
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/health"})

@@ -15,9 +15,9 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import engine
+from service.api.registry import ModelNotFound
 from service.index import IndexError_
-from service.registry import ModelNotFound
+from service.ipc import messages as engine
 
 
 @dataclass
@@ -36,7 +36,7 @@ _ENGINE_ERRORS: list[tuple[type[Exception], int, str]] = [
     (engine.InputTooLong, 422, "Validation"),
     (engine.InvalidInput, 422, "Validation"),
     (engine.Overloaded, 429, "Overloaded"),
-    (engine.NotReady, 503, "Unhealthy"),
+    (engine.NotReady, 503, "Unhealthy"),  # EngineUnavailable too: the engine process died
     (engine.QueueDeadline, 503, "Overloaded"),
     (engine.InferenceFailed, 424, "Backend"),
     (engine.WrongModelType, 424, "Backend"),  # as TEI answers /embed on a reranker and /rerank on an embedder
@@ -69,7 +69,10 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
         return exc
     for kind, status, error_type in _ENGINE_ERRORS:
         if isinstance(exc, kind):
-            headers = {"Retry-After": str(retry_after_s)} if status in (429, 503) else {}
+            # a 429 says when admission expects room: the engine's estimate, whole seconds as the header wants
+            wait = getattr(exc, "retry_after_s", None) if status == 429 else None
+            retry = str(max(1, round(wait)) if wait else retry_after_s)
+            headers = {"Retry-After": retry} if status in (429, 503) else {}
             return ApiError(status, str(exc), error_type, headers=headers)
     if isinstance(exc, IndexError_):
         headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else {}
@@ -79,12 +82,18 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
         # Of a union's failures (`str | list[str]`), the one that is not a mere type mismatch says most.
         first = next((e for e in detail if not e["type"].endswith("_type")), detail[0] if detail else
                      {"loc": (), "msg": "invalid request"})
+        if first["type"] == "json_invalid":  # FastAPI's parser: loc is ("body", character offset)
+            return ApiError(422, f"the body is not valid JSON: {first['msg']} at character {first['loc'][-1]}",
+                            "Validation", param="body")
         where = ".".join(str(p) for p in first["loc"] if p != "body" and not _UNION_TAG.match(str(p))) or "body"
         return ApiError(422, f"invalid request: {where}: {first['msg']}", "Validation", param=where,
                         detail=jsonable_encoder(detail))
     if isinstance(exc, StarletteHTTPException):
-        kind = {404: "NotFound", 405: "NotFound"}.get(exc.status_code, "Validation")
-        return ApiError(exc.status_code, str(exc.detail), kind, headers=dict(exc.headers or {}))
+        kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "Validation")
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, and vague
+            detail = "the body could not be parsed as JSON (not UTF-8, nested too deeply, or a number too large)"
+        return ApiError(exc.status_code, detail, kind, headers=dict(exc.headers or {}))
     return ApiError(500, f"internal error ({type(exc).__name__})", "Internal")
 
 

@@ -21,9 +21,9 @@ import time
 import orjson
 from starlette.routing import Match
 
-from service.auth import ApiKeys
-from service.errors import ApiError, error_body
-from service.metrics import Metrics
+from service.api.auth import ApiKeys
+from service.api.errors import ApiError, error_body
+from service.metrics import ApiMetrics
 
 access = logging.getLogger("sembed.access")
 
@@ -35,7 +35,7 @@ _CLIENT_LEFT = ApiError(CLIENT_CLOSED, "the client left while sending its body",
 
 
 class RequestGuard:
-    def __init__(self, app, *, metrics: Metrics, router, max_body_bytes: int, body_timeout_s: float,
+    def __init__(self, app, *, metrics: ApiMetrics, router, max_body_bytes: int, body_timeout_s: float,
                  keys: ApiKeys | None = None, access_log: bool = False):
         self.app = app
         self.keys = keys or ApiKeys([])

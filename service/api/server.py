@@ -13,7 +13,7 @@ import threading
 
 import uvicorn
 
-from service.protocol import guarded_protocol
+from service.api.protocol import guarded_protocol
 from service.settings import Settings
 
 log = logging.getLogger("sembed")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.backends.base import Tokenized, padded_length
+from service.engine.backends.base import Tokenized, padded_length
 
 #: a row may be padded to at most this many times its own (padded) length
 MAX_PADDING_RATIO = 2
@@ -48,6 +48,7 @@ class Job:
     _order: list[int] = field(init=False)  # row indices, shortest first: the order rows are scheduled
     _cursor: int = 0
     _pending: int = field(init=False)
+    prompt_tokens: int = field(init=False)
     _finished: bool = False
 
     def __post_init__(self) -> None:
@@ -55,14 +56,11 @@ class Job:
         self.raw = np.empty((len(self.items), self.dimension), dtype=np.float32)
         self._order = sorted(range(len(self.items)), key=lambda i: self.items[i].length)
         self._pending = len(self.items)
+        self.prompt_tokens = sum(i.length for i in self.items)
 
     @property
     def finished(self) -> bool:
         return self._finished
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(i.length for i in self.items)
 
     def fill(self, row: int, normalized: np.ndarray, raw: np.ndarray) -> None:
         self.normalized[row] = normalized
@@ -91,35 +89,22 @@ class Batch:
 
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
-                 max_wait_s: float, max_seq_length: int, deadline_error: type[Exception] = TimeoutError):
+                 max_seq_length: int, deadline_error: type[Exception] = TimeoutError):
         if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
                              f"max_seq_length ({max_seq_length})")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.max_wait_s = max_wait_s
         self.deadline_error = deadline_error  # what a job whose deadline passed in the queue fails with
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
-        self._incoming = 0  # requests being tokenised: worth a short wait when a pass would be small
         self._closed = False
 
     # --- event-loop side ----------------------------------------------------------------------
-    def expect(self) -> None:
-        with self._cond:
-            self._incoming += 1
-
-    def unexpect(self) -> None:
-        with self._cond:
-            self._incoming -= 1
-            self._cond.notify()
-
-    def put(self, job: Job, expected: bool = True) -> None:
+    def put(self, job: Job) -> None:
         job.enqueued_at = time.monotonic()
         with self._cond:
-            if expected:
-                self._incoming -= 1
             self._jobs.append(job)
             self._cond.notify()
 
@@ -128,13 +113,14 @@ class BatchQueue:
             self._closed = True
             self._cond.notify_all()
 
-    @property
-    def incoming(self) -> int:
-        return self._incoming
-
     def queued_rows(self) -> int:
         with self._cond:
             return sum(len(j.items) - j._cursor for j in self._jobs)
+
+    def remaining_tokens(self) -> list[int]:
+        """Each queued request's tokens not yet in a pass: what admission weighs a new request against."""
+        with self._cond:
+            return [j.prompt_tokens - j.served_tokens for j in self._jobs]
 
     # --- inference-thread side ------------------------------------------------------------------
     def next_batch(self) -> Batch | None:
@@ -147,13 +133,7 @@ class BatchQueue:
                         return None
                     self._cond.wait()
                     continue
-                # Requests still being tokenised would make this pass fuller: wait for them, briefly.
-                until = time.monotonic() + self.max_wait_s
-                while self._incoming > 0 and not self._full() and (left := until - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                self._drop_dead(time.monotonic())
-                if self._jobs:
-                    return self._select()
+                return self._select()
 
     def _drop_dead(self, now: float) -> None:
         alive = []
@@ -165,10 +145,6 @@ class BatchQueue:
                 continue
             alive.append(job)
         self._jobs = alive
-
-    def _full(self) -> bool:
-        rows = sum(len(j.items) - j._cursor for j in self._jobs)
-        return rows >= self.max_batch_requests or rows * self.pad_to_multiple_of >= self.max_batch_tokens
 
     def _select(self) -> Batch:
         # Least-served job first, then the oldest: the first row always fits (see __init__).

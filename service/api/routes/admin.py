@@ -10,12 +10,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from service.errors import ApiError
+from service.api.errors import ApiError
+from service.api.routes.common import registry, settings
 from service.index import ModelStamp
 from service.index.reembed import reembed
 from service.manifest import CROSS_ENCODER, EMBEDDING
-from service.registry import load_engine
-from service.routes.common import registry, settings
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 log = logging.getLogger("sembed.admin")
@@ -53,43 +52,44 @@ async def reload(name: str, req: ReloadRequest, request: Request):
     export_dir = s.models_root / req.export
     if s.backend == "onnx" and not (export_dir / "manifest.json").is_file():
         raise ApiError(404, f"no export named {req.export!r} under the models root", "NotFound", param="export")
+    loader = request.app.state.loader
+    if loader is None:
+        raise ApiError(503, "this server was started without a model loader: reload is unavailable", "Unhealthy")
     async with _reloading:
-        try:
-            engine = await run_in_threadpool(load_engine, s, export_dir, request.app.state.metrics)
+        try:  # a new engine loads, warms and passes its golden check while `name` keeps serving
+            staged = await loader.stage(name, export_dir)
         except Exception as e:
             raise ApiError(422, f"export {req.export!r} failed to load or verify: {e}", "Validation") from e
         serving = reg.get(name).info.kind
-        if engine.info.kind != serving:  # its clients' routes and its collections need the same kind of model
-            engine.stop()
-            raise ApiError(422, f"export {req.export!r} is {_KINDS[engine.info.kind]} and {name} is {_KINDS[serving]}: "
-                                "a reload keeps the kind; serve it under another name (SEMBED_MODELS)",
-                           "Validation", param="export")
-        engine.start()
+        if staged.info.kind != serving:  # its clients' routes and its collections need the same kind of model
+            await loader.discard(staged)
+            raise ApiError(422, f"export {req.export!r} is {_KINDS[staged.info.kind]} and {name} is "
+                                f"{_KINDS[serving]}: a reload keeps the kind; serve it under another name "
+                                "(SEMBED_MODELS)", "Validation", param="export")
         if req.reembed:
-            stamp = ModelStamp(name, engine.info.graph_sha256)
+            stamp = ModelStamp(name, staged.info.graph_sha256)
             # Searches on a collection already switched find its model here until the registry switches too.
-            staged = request.app.state.staged_engines
-            staged[stamp] = engine
+            staged_models = request.app.state.staged_models
+            staged_models[stamp] = staged
             done = []
             try:
                 for info in await run_in_threadpool(request.app.state.index.list_collections):
                     if info.model is not None and info.model.name == name and info.model != stamp:
-                        await _reembed(request, info.name, stamp, engine)
+                        await _reembed(request, info.name, stamp, staged)
                         done.append(info.name)
             except Exception as e:
-                staged.pop(stamp, None)
-                engine.stop()
+                staged_models.pop(stamp, None)
+                await loader.discard(staged)
                 raise ApiError(500, f"re-embedding failed ({e}); the old model still serves. Collections "
                                     f"already re-embedded ({done}) need POST /admin/collections/<name>/reembed",
                                "Internal") from e
-            old = reg.replace(name, engine)
-            staged.pop(stamp, None)
+            previous = await loader.switch(name, staged)
+            staged_models.pop(stamp, None)
         else:
-            old = reg.replace(name, engine)
-        asyncio.get_running_loop().create_task(_retire(old, s.shutdown_grace_s))
-    log.info("model %s now serves %s (was %s)", name, engine.info.model, old.info.model)
-    return {"model": name, "export": req.export, "serving": engine.info.model, "previous": old.info.model,
-            "sha256": engine.info.manifest.get("onnx_sha256")}
+            previous = await loader.switch(name, staged)
+    log.info("model %s now serves %s (was %s)", name, staged.info.model, previous.model)
+    return {"model": name, "export": req.export, "serving": staged.info.model, "previous": previous.model,
+            "sha256": staged.info.manifest.get("onnx_sha256")}
 
 
 @router.post("/collections/{name}/reembed")
@@ -97,26 +97,17 @@ async def reembed_collection(name: str, req: ReembedRequest, request: Request):
     """Re-embed a collection's stored texts with a served model (after a model change), then switch to them."""
     reg = registry(request)
     model = req.model or reg.default
-    engine = reg.get(model)
+    served = reg.get(model)
     async with _reloading:
-        result = await _reembed(request, name, ModelStamp(model, engine.info.graph_sha256), engine)
+        result = await _reembed(request, name, ModelStamp(model, served.info.graph_sha256), served)
     return {"collection": name, "model": model, "count": result.total, "sequence": result.sequence}
 
 
-async def _reembed(request: Request, name: str, stamp: ModelStamp, engine):
+async def _reembed(request: Request, name: str, stamp: ModelStamp, model):
     loop = asyncio.get_running_loop()
 
     def embed(texts):
-        return asyncio.run_coroutine_threadsafe(engine.embed(texts), loop).result().vectors
+        return asyncio.run_coroutine_threadsafe(model.embed(texts), loop).result().vectors
 
     log.info("re-embedding collection %s with %s", name, stamp.describe())
-    return await run_in_threadpool(reembed, request.app.state.index, name, stamp, engine.info.dimension, embed)
-
-
-async def _retire(old, grace_s: float) -> None:
-    """Stop the replaced engine once the requests it holds are answered (or the grace is over)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + grace_s
-    while old.in_flight and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    await run_in_threadpool(old.stop)
+    return await run_in_threadpool(reembed, request.app.state.index, name, stamp, model.info.dimension, embed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -9,13 +10,13 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
-from service.engine import EmbedResult, Engine
-from service.errors import ApiError
-from service.registry import ModelRegistry
+from service.api.errors import ApiError
+from service.api.registry import ModelRegistry, ServedModel
+from service.ipc.messages import EmbedResult
 from service.settings import Settings
 
 
-class JSON(Response):
+class NumpyJSONResponse(Response):
     """orjson writes float32 arrays directly: no list of Python floats, no pydantic pass over them."""
 
     media_type = "application/json"
@@ -33,6 +34,19 @@ def _contiguous(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def read_json(raw: bytes) -> Any:
+    """A body as JSON for the routes that read it themselves, with FastAPI's own answers: 422 saying where
+    it is not JSON, 400 for what no parser should take (nesting past the recursion limit, an integer of
+    thousands of digits)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ApiError(422, f"the body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+                       "Validation", param="body") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"the body could not be parsed: {type(e).__name__}", "Validation", param="body") from None
+
+
 def registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
 
@@ -41,8 +55,8 @@ def settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def engine(request: Request, model: str | None = None) -> Engine:
-    return registry(request).get(model)
+def model(request: Request, name: str | None = None) -> ServedModel:
+    return registry(request).get(name)
 
 
 def check_batch(request: Request, n: int, field: str) -> None:

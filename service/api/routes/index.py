@@ -12,9 +12,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from service import schemas
-from service.engine import WrongModelType
-from service.errors import ApiError
+from service.api import schemas
+from service.api.errors import ApiError
+from service.api.routes.common import NumpyJSONResponse, check_batch, registry, settings
 from service.index import (
     DEFAULT_COLLECTION,
     CollectionInfo,
@@ -26,10 +26,9 @@ from service.index import (
     ModelStamp,
     SearchParams,
 )
-from service.routes.common import JSON, check_batch, registry, settings
-from service.routes.route import JsonBodyRoute
+from service.ipc.messages import WrongModelType
 
-router = APIRouter(tags=["search"], route_class=JsonBodyRoute)
+router = APIRouter(tags=["search"])
 
 
 def _index(request: Request):
@@ -61,15 +60,16 @@ def default_documents(index) -> int:
         return 0
 
 
-async def _call(request: Request, method: str, *args, **kwargs):
-    return await run_in_threadpool(getattr(_index(request), method), *args, **kwargs)
+async def _call(method, *args, **kwargs):
+    """An index method, run in the thread pool (a local index's writes wait there for their fsync)."""
+    return await run_in_threadpool(method, *args, **kwargs)
 
 
 def _embedder_for(request: Request, collection: str, info: CollectionInfo):
-    """The engine whose vectors the collection holds; refuses a collection another model made."""
+    """The model whose vectors the collection holds; refuses a collection another model made."""
     if info.model is None:
         raise InvalidRequest(f"collection {collection!r} holds client vectors only: send `vector`, not text")
-    staged = request.app.state.staged_engines.get(info.model)  # a reload re-embedding before it switches
+    staged = request.app.state.staged_models.get(info.model)  # a reload re-embedding before it switches
     if staged is not None:
         return staged
     served = registry(request).names()
@@ -86,12 +86,12 @@ async def _vectors(request: Request, collection: str, texts: list[str | None], g
     """One unit vector per row: the client's where given, else the collection's model embeds the text."""
     check_batch(request, len(texts), field)
     missing = [i for i, v in enumerate(given) if v is None]
-    info = await _call(request, "info", collection)
+    info = await _call(_index(request).info, collection)
     if missing:
-        engine = _embedder_for(request, collection, info)
+        embedder = _embedder_for(request, collection, info)
         if any(texts[i] is None for i in missing):
             raise InvalidRequest(f"each of {field} needs text to embed, or its own vector")
-        embedded = (await engine.embed([texts[i] for i in missing])).vectors
+        embedded = (await embedder.embed([texts[i] for i in missing])).vectors
     out = np.empty((len(texts), info.dimension), dtype=np.float32)
     for row, i in enumerate(missing):
         out[i] = embedded[row]
@@ -132,17 +132,17 @@ async def create_collection(req: schemas.CreateCollectionRequest, request: Reque
         if req.dimension not in (None, dim):
             raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
         spec = CollectionSpec(req.name, dim, req.index_type, stamp)
-    return JSON(_collection(await _call(request, "create_collection", spec)), status_code=201)
+    return NumpyJSONResponse(_collection(await _call(_index(request).create_collection, spec)), status_code=201)
 
 
 @router.get("/collections", response_model=schemas.CollectionsOut)
 async def list_collections(request: Request):
-    return JSON({"collections": [_collection(c) for c in await _call(request, "list_collections")]})
+    return NumpyJSONResponse({"collections": [_collection(c) for c in await _call(_index(request).list_collections)]})
 
 
 @router.get("/collections/{name}", response_model=schemas.CollectionOut)
 async def collection_stats(name: str, request: Request):
-    return JSON(_collection(await _call(request, "info", name)))
+    return NumpyJSONResponse(_collection(await _call(_index(request).info, name)))
 
 
 def _confirmed(confirm: bool, what: str) -> None:
@@ -156,8 +156,8 @@ def _confirmed(confirm: bool, what: str) -> None:
 async def drop_collection(name: str, request: Request, confirm: bool = False):
     """Drop the collection and everything in it (?confirm=true)."""
     _confirmed(confirm, f"dropping collection {name!r} deletes all its documents")
-    result = await _call(request, "drop_collection", name)
-    return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
+    result = await _call(_index(request).drop_collection, name)
+    return NumpyJSONResponse({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
 
 def _collection(info: CollectionInfo) -> dict[str, Any]:
@@ -174,43 +174,43 @@ async def upsert(name: str, req: schemas.AddDocumentsRequest, request: Request):
     docs = req.documents
     vectors = await _vectors(request, name, [d.text for d in docs], [d.vector for d in docs], "documents")
     documents = [Document(d.id, d.text or "", d.metadata) for d in docs]
-    result = await _call(request, "upsert", name, documents, vectors)
+    result = await _call(_index(request).upsert, name, documents, vectors)
     _count(request, name, result.total)
-    return JSON({"added": result.count, "total": result.total, "sequence": result.sequence})
+    return NumpyJSONResponse({"added": result.count, "total": result.total, "sequence": result.sequence})
 
 
 @router.post("/collections/{name}/documents/get", response_model=schemas.GetDocumentsResponse)
 async def get_documents(name: str, req: schemas.GetDocumentsRequest, request: Request):
     check_batch(request, len(req.ids), "ids")
-    records = await _call(request, "get", name, req.ids, "vector" in req.include)
+    records = await _call(_index(request).get, name, req.ids, "vector" in req.include)
     found = {r.id for r in records}
-    return JSON({"documents": [_fields(r, req.include) for r in records],
+    return NumpyJSONResponse({"documents": [_fields(r, req.include) for r in records],
                  "missing": [i for i in req.ids if i not in found]})
 
 
 @router.get("/collections/{name}/documents/{doc_id}", response_model=schemas.DocumentOut)
 async def get_document(name: str, doc_id: str, request: Request):
-    records = await _call(request, "get", name, [doc_id], False)
+    records = await _call(_index(request).get, name, [doc_id], False)
     if not records:
         raise ApiError(404, f"no document with id {doc_id!r} in {name!r}", "NotFound")
-    return JSON(_fields(records[0], ["text", "metadata"]))
+    return NumpyJSONResponse(_fields(records[0], ["text", "metadata"]))
 
 
 @router.post("/collections/{name}/documents/delete", response_model=schemas.DeleteDocumentsResponse)
 async def delete_documents(name: str, req: schemas.DeleteRequest, request: Request):
     """Delete by ids, or every document matching a filter."""
-    result = await _call(request, "delete", name, ids=req.ids, filter=req.filter)
+    result = await _call(_index(request).delete, name, ids=req.ids, filter=req.filter)
     _count(request, name, result.total)
-    return JSON({"deleted": result.count, "total": result.total, "sequence": result.sequence})
+    return NumpyJSONResponse({"deleted": result.count, "total": result.total, "sequence": result.sequence})
 
 
 @router.delete("/collections/{name}/documents/{doc_id}", response_model=schemas.DeleteDocumentsResponse)
 async def delete_document(name: str, doc_id: str, request: Request):
-    result = await _call(request, "delete", name, ids=[doc_id])
+    result = await _call(_index(request).delete, name, ids=[doc_id])
     if not result.count:
         raise ApiError(404, f"no document with id {doc_id!r} in {name!r}", "NotFound")
     _count(request, name, result.total)
-    return JSON({"deleted": 1, "total": result.total, "sequence": result.sequence})
+    return NumpyJSONResponse({"deleted": 1, "total": result.total, "sequence": result.sequence})
 
 
 @router.post("/collections/{name}/search", response_model=schemas.SearchResponse)
@@ -227,8 +227,8 @@ async def search(name: str, req: schemas.SearchRequest, request: Request):
     params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
                           nprobe=req.nprobe, with_text="text" in req.include,
                           with_metadata="metadata" in req.include, with_vector="vector" in req.include)
-    hits = await _call(request, "search", name, queries, params)
-    return JSON({"results": [[_fields(h, req.include) for h in row] for row in hits]})
+    hits = await _call(_index(request).search, name, queries, params)
+    return NumpyJSONResponse({"results": [[_fields(h, req.include) for h in row] for row in hits]})
 
 
 def _count(request: Request, name: str, total: int) -> None:
@@ -253,9 +253,9 @@ async def delete_default_document(doc_id: str, request: Request):
 async def clear_index(request: Request, confirm: bool = False):
     """Remove every document of the default collection (?confirm=true)."""
     _confirmed(confirm, "DELETE /index removes every document")
-    result = await _call(request, "clear", default_collection(request))
+    result = await _call(_index(request).clear, default_collection(request))
     _count(request, DEFAULT_COLLECTION, 0)
-    return JSON({"deleted": result.count, "total": 0, "sequence": result.sequence})
+    return NumpyJSONResponse({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
 
 @router.post("/search", response_model=schemas.SearchResponse)

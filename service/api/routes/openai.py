@@ -12,11 +12,10 @@ import time
 import numpy as np
 from fastapi import APIRouter, Request
 
-from service import schemas
-from service.routes.common import JSON, check_batch, matryoshka, registry, timing_headers
-from service.routes.route import JsonBodyRoute
+from service.api import schemas
+from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, registry, timing_headers
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=JsonBodyRoute)
+router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)
@@ -26,17 +25,17 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     if isinstance(texts, str) or isinstance(texts[0], int):  # one text, or one input as token ids
         texts = [texts]
     check_batch(request, len(texts), "input")
-    engine = registry(request).get(req.model)
-    result = await engine.embed(texts, normalize=True)
+    served = registry(request).get(req.model)
+    result = await served.embed(texts, normalize=True)
     vectors = matryoshka(result.vectors, req.dimensions, normalize=True)
     if req.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
         rows = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
     else:
         rows = list(vectors)
     data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
-    body = {"object": "list", "data": data, "model": registry(request).name_of(engine),
+    body = {"object": "list", "data": data, "model": registry(request).name_of(served),
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
-    return JSON(body, headers=timing_headers(result, time.perf_counter() - start))
+    return NumpyJSONResponse(body, headers=timing_headers(result, time.perf_counter() - start))
 
 
 @router.get("/models")

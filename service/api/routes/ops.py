@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.errors import ApiError
-from service.routes.common import settings
-from service.routes.index import default_documents
+from service.api.errors import ApiError
+from service.api.routes.common import settings
+from service.api.routes.index import default_documents
 
 router = APIRouter(tags=["ops"])
 
@@ -42,7 +41,7 @@ async def health(request: Request):
     registry = _registry(request)
     for name in registry.names():
         try:
-            await run_in_threadpool(registry.get(name).backend.health)
+            await registry.get(name).client.health()
         except Exception as e:
             raise ApiError(503, f"model {name} failed its health check: {e}", "Unhealthy") from e
     return {"status": "ok"}
@@ -51,7 +50,7 @@ async def health(request: Request):
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
 async def metrics(request: Request):
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _model_type(info) -> dict:
@@ -66,33 +65,33 @@ async def info(request: Request):
     """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
     registry = _registry(request)
     s = settings(request)
-    engine = registry.get()
-    manifest = engine.info.manifest
+    served = registry.get()
+    manifest = served.info.manifest
     return {
-        "model_id": engine.info.manifest.get("base_model", engine.info.model),
+        "model_id": served.info.manifest.get("base_model", served.info.model),
         "model_sha": manifest.get("onnx_sha256"),
-        "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[engine.info.variant],
-        "model_type": _model_type(engine.info),
-        "max_concurrent_requests": s.max_concurrent_requests,
-        "max_input_length": engine.info.max_seq_length,
-        "max_batch_tokens": engine.queue.max_batch_tokens,
+        "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[served.info.variant],
+        "model_type": _model_type(served.info),
+        "max_concurrent_requests": s.max_queued_inputs,
+        "max_input_length": served.info.max_seq_length,
+        "max_batch_tokens": served.info.max_batch_tokens,
         "max_batch_requests": s.max_batch_requests,
         "max_client_batch_size": s.max_client_batch_size,
         "auto_truncate": s.auto_truncate,
-        "tokenization_workers": engine.tokenization_workers,
+        "tokenization_workers": s.api_worker_count(),
         "version": request.app.version,
         "sha": None,
         "docker_label": None,
-        "manifest": engine.info.manifest,
+        "manifest": served.info.manifest,
         "models": registry.names(),
-        "device": engine.info.device,
+        "device": served.info.device,
         "index_documents": default_documents(request.app.state.index),
         "limits": {
             "max_client_batch_size": s.max_client_batch_size,
-            "max_input_tokens": engine.info.max_seq_length,
+            "max_input_tokens": served.info.max_seq_length,
             "max_request_bytes": s.max_request_bytes,
-            "max_batch_tokens": engine.queue.max_batch_tokens,
-            "max_concurrent_requests": s.max_concurrent_requests,
+            "max_batch_tokens": served.info.max_batch_tokens,
+            "max_concurrent_requests": s.max_queued_inputs,
             "max_search_k": s.max_search_k,
             "auto_truncate": s.auto_truncate,
         },

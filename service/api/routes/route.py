@@ -23,7 +23,7 @@ from fastapi.telemetry import get_telemetry_data
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from service.errors import ApiError
+from service.api.errors import ApiError
 
 
 class JsonBodyRoute(APIRoute):

@@ -12,17 +12,16 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from service import schemas
-from service.routes.common import JSON, check_batch, engine, matryoshka, timing_headers
-from service.routes.route import JsonBodyRoute, parse_json
+from service.api import schemas
+from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, model, read_json, timing_headers
 
-router = APIRouter(tags=["embeddings"], route_class=JsonBodyRoute)
+router = APIRouter(tags=["embeddings"])
 
 
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
                       truncate: bool | None = None, direction: str = "Right"):
     check_batch(request, len(texts), field)
-    return await engine(request).embed(texts, normalize=normalize, truncate=truncate,
+    return await model(request).embed(texts, normalize=normalize, truncate=truncate,
                                        truncation_direction=direction.lower())
 
 
@@ -33,7 +32,7 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
                                direction=req.truncation_direction)
     vectors = matryoshka(result.vectors, req.dimensions, req.normalize)
-    return JSON(vectors, headers=timing_headers(result, time.perf_counter() - start))
+    return NumpyJSONResponse(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
 
 @router.post("/similarity", response_model=list[float])
@@ -41,7 +40,7 @@ async def similarity(req: schemas.SimilarityRequest, request: Request):
     """Cosine similarity between inputs.source_sentence and each of inputs.sentences, in order."""
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
     result = await embed_texts(request, texts, "sentences", truncate=req.truncate, direction=req.truncation_direction)
-    return JSON(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
+    return NumpyJSONResponse(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
 
 
 @router.post("/rerank", response_model=list[schemas.RerankHit])
@@ -49,10 +48,10 @@ async def rerank(req: schemas.RerankRequest, request: Request):
     """The texts ranked best first, each with its input index. A cross-encoder export scores each
     (query, text) pair itself (a sigmoid of its logit, or the logit with raw_scores, as TEI); an
     embedding export scores by cosine similarity to the query."""
-    model = engine(request)
-    if model.info.is_cross_encoder:
+    served = model(request)
+    if served.info.is_cross_encoder:
         check_batch(request, len(req.texts), "texts")
-        result = await model.rerank(req.query, req.texts, truncate=req.truncate,
+        result = await served.rerank(req.query, req.texts, truncate=req.truncate,
                                     truncation_direction=req.truncation_direction.lower())
         scores = result.vectors[:, 0]
         if not req.raw_scores:
@@ -64,16 +63,14 @@ async def rerank(req: schemas.RerankRequest, request: Request):
     order = np.argsort(-scores, kind="stable")
     hits = [{"index": int(i), "score": float(scores[i]), **({"text": req.texts[i]} if req.return_text else {})}
             for i in order]
-    return JSON(hits, headers=timing_headers(result))
+    return NumpyJSONResponse(hits, headers=timing_headers(result))
 
 
 @router.post("/tokenize", response_model=list[list[schemas.Token]])
 async def tokenize(req: schemas.TokenizeRequest, request: Request):
     """The model's tokens for each input, with character spans (special tokens have none)."""
     check_batch(request, len(req.texts), "inputs")
-    model = engine(request)
-    model.check_texts(req.texts)
-    return JSON(await run_in_threadpool(model.backend.token_details, req.texts, req.add_special_tokens))
+    return NumpyJSONResponse(await run_in_threadpool(model(request).token_details, req.texts, req.add_special_tokens))
 
 
 @router.post("/", summary="Embed or compare, by the body's shape",
@@ -83,7 +80,7 @@ async def tokenize(req: schemas.TokenizeRequest, request: Request):
 async def predict(request: Request):
     """`{"inputs": str | [str]}` embeds (as /embed); `{"inputs": {"source_sentence", "sentences"}}`
     compares (as /similarity). This is where huggingface_hub's InferenceClient sends both tasks."""
-    body = parse_json(await request.body())
+    body = read_json(await request.body())
     inputs = body.get("inputs") if isinstance(body, dict) else None
     try:
         if isinstance(inputs, dict):

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.backends.base import Backend, BackendError, BackendInfo, Tokenized, padded_length
+from service.engine.backends.base import Backend, BackendError, Tokenized, padded_length
 
-__all__ = ["Backend", "BackendError", "BackendInfo", "Tokenized", "create_backend", "padded_length"]
+__all__ = ["Backend", "BackendError", "Tokenized", "create_backend", "padded_length"]
 
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
                    pad_to_multiple_of: int = 0, variant: str = "fp32", spin: bool = False) -> Backend:
     if kind == "onnx":
-        from service.backends.onnx import OnnxBackend
+        from service.engine.backends.onnx import OnnxBackend
 
         return OnnxBackend(export_dir, device=device, intra_op_threads=intra_op_threads,
                            pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin)
+    if kind == "null":
+        from service.engine.backends.null import NullBackend
+
+        return NullBackend(export_dir, pad_to_multiple_of=pad_to_multiple_of or 8)
     if kind == "fake":
-        from service.backends.fake import FakeBackend
+        from service.engine.backends.fake import FakeBackend
 
         return FakeBackend(name=Path(export_dir).name or "fake", pad_to_multiple_of=pad_to_multiple_of or 8)
-    raise ValueError(f"unknown backend {kind!r}: onnx or fake")
+    raise ValueError(f"unknown backend {kind!r}: onnx, null or fake")

@@ -1,67 +1,35 @@
 """The narrow interface between the engine and a model runtime (TEI's `backends/core`).
 
-The engine never touches onnxruntime or a tokenizer directly: it asks a backend to tokenize texts
-(in its worker pool) and to run one padded batch (in its inference thread). A fake backend with the
-same interface is what lets the queue, the engine and the routes be tested without a model.
+The engine never touches onnxruntime directly: it asks a backend to run one padded batch of token
+ids (in its inference thread). A fake backend with the same interface is what lets the queue, the
+engine and the routes be tested without a model; the null backend measures the server without one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from service.manifest import CROSS_ENCODER, EMBEDDING
+from service.ipc.messages import ModelInfo
 
 
 @dataclass(slots=True)
 class Tokenized:
-    """One text after tokenisation: what the queue schedules and the backend runs."""
+    """One input of a pass: its token ids (a view into the request's TokenBatch)."""
 
-    ids: list[int]
-    type_ids: list[int] | None
-    original_tokens: int  # tokens before truncation, specials included
+    ids: np.ndarray | list[int]
+    type_ids: np.ndarray | list[int] | None = None
 
     @property
     def length(self) -> int:
         return len(self.ids)
 
-    @property
-    def truncated(self) -> bool:
-        return self.original_tokens > len(self.ids)
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    model: str  # the export's name, what the API reports as `model`
-    dimension: int
-    max_seq_length: int
-    device: str  # "cpu" | "cuda"
-    variant: str = "fp32"  # which graph of the export: fp32, int8, fp16
-    manifest: dict[str, Any] = field(default_factory=dict)
-    vocab_size: int | None = None  # token ids a client sends must be below it
-    graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
-    kind: str = EMBEDDING  # or CROSS_ENCODER: `run` gives one score per row, as a [n, 1] "vector"
-
-    @property
-    def is_cross_encoder(self) -> bool:
-        return self.kind == CROSS_ENCODER
-
 
 class Backend(Protocol):
-    info: BackendInfo
+    info: ModelInfo
     pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
-
-    def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
-        """Truncated to info.max_seq_length, cutting the end (right) or the start (left);
-        `original_tokens` keeps the untruncated count."""
-
-    def tokenize_pairs(self, query: str, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
-        """(query, text) pairs as one sequence each, for a cross-encoder; too long: the longer side is cut."""
-
-    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict[str, Any]]]:
-        """TEI's /tokenize answer: per text, each token's id, text, special flag and character span."""
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim];

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.backends.base import BackendError, BackendInfo, Tokenized, pad_batch, padded_length
+from service.engine.backends.base import BackendError, Tokenized, pad_batch, padded_length
+from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
+from service.tokenization import Tokenizer
 
 log = logging.getLogger("sembed.backend")
 
@@ -46,7 +48,6 @@ class OnnxBackend:
                  pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True,
                  variant: str = "fp32", graph_file: str | None = None, spin: bool = False):
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         export_dir = Path(export_dir)
         self.manifest = Manifest.load(export_dir)
@@ -65,15 +66,7 @@ class OnnxBackend:
         self._outputs = [SCORE_OUTPUT] if self.cross_encoder else OUTPUTS
 
         max_len = self.manifest.max_seq_length
-        self.tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
-        self.tokenizer.no_padding()  # the queue pads, to the length the whole batch needs
-        self.tokenizer.enable_truncation(max_length=max_len)
-        self._tokenizer_left = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
-        self._tokenizer_left.no_padding()
-        self._tokenizer_left.enable_truncation(max_length=max_len, direction="left")
-        self._tokenizer_full = Tokenizer.from_file(str(export_dir / "tokenizer.json"))  # counts a cut pair
-        self._tokenizer_full.no_padding()
-        self._tokenizer_full.no_truncation()
+        self.tokenizer = Tokenizer(export_dir)  # for its own checks; requests arrive as token ids
         self.pad_id = self.manifest.pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self._needs_type_ids = "token_type_ids" in self.manifest.inputs
@@ -121,10 +114,10 @@ class OnnxBackend:
             # int8 quantises activations with one scale per batch, so its vectors move a little with their
             # batch neighbours whatever the padding: no multiple can make it exact, the least padding wins.
             self.pad_to_multiple_of = 8 if device == "cuda" else 1 if variant == "int8" else self.calibrate_padding()
-        self.info = BackendInfo(model=self.manifest.name, dimension=self.manifest.dimension,
+        self.info = ModelInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
-                                vocab_size=self.tokenizer.get_vocab_size(), graph_sha256=entry["sha256"],
+                                vocab_size=self.tokenizer.vocab_size, graph_sha256=entry["sha256"],
                                 kind=self.manifest.kind)
 
     def _variant_entry(self, variant: str) -> dict:
@@ -135,36 +128,6 @@ class OnnxBackend:
         return variants[variant]
 
     # --- the Backend interface --------------------------------------------------------------
-    def tokenize(self, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
-        tokenizer = self._tokenizer_left if truncation_direction == "left" else self.tokenizer
-        out = []
-        for enc in tokenizer.encode_batch_fast(texts):  # skips character offsets, which only /tokenize reads
-            original = len(enc.ids)
-            if enc.overflowing:  # every overflow piece repeats the special tokens: count the text's own
-                original += sum(len(o.ids) - sum(o.special_tokens_mask) for o in enc.overflowing)
-            out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
-        return out
-
-    def tokenize_pairs(self, query: str, texts: list[str], truncation_direction: str = "right") -> list[Tokenized]:
-        return self._tokenize_pairs([(query, text) for text in texts], truncation_direction)
-
-    def _tokenize_pairs(self, pairs: list[tuple[str, str]], truncation_direction: str = "right") -> list[Tokenized]:
-        tokenizer = self._tokenizer_left if truncation_direction == "left" else self.tokenizer
-        out = []
-        for pair, enc in zip(pairs, tokenizer.encode_batch_fast(pairs)):
-            # a cut pair's overflow pieces combine both sides' remainders: count it again, uncut (rare)
-            original = len(self._tokenizer_full.encode(*pair).ids) if enc.overflowing else len(enc.ids)
-            out.append(Tokenized(enc.ids, enc.type_ids if self._needs_type_ids else None, original))
-        return out
-
-    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
-        out = []
-        for text, enc in zip(texts, self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)):
-            out.append([{"id": i, "text": text[a:b] if not special else tok, "special": bool(special),
-                         "start": None if special else a, "stop": None if special else b}
-                        for i, tok, special, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
-        return out
-
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         rows = len(items) + 1 if (self._extra_row and len(items) == 1) else len(items)
         feeds = pad_batch(items, seq_len, self.pad_id, rows)
@@ -197,9 +160,9 @@ class OnnxBackend:
     def calibrate_padding(self, candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int:
         """The smallest multiple for which probe texts give the same bits alone and in padded batches."""
         words = "the quick brown fox jumps over a lazy dog while rain falls on old city streets at night".split()
-        probes = self.tokenize([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
+        probes = self._items([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
                                 enumerate(list(range(1, 21)) + [27, 33, 40, 63])])
-        longer = self.tokenize([" ".join(words * 5)])[0]
+        longer = self._items([" ".join(words * 5)])[0]
         for multiple in candidates:
             if all(self._same_bits(p, longer, multiple) for p in probes):
                 log.info("padding batches to a multiple of %d keeps batching bit-exact on this CPU", multiple)
@@ -216,7 +179,7 @@ class OnnxBackend:
     def warmup(self) -> None:
         """The first runs allocate and pick kernels: keep them off the first requests."""
         for n, length in ((1, 16), (8, 64)):
-            items = self.tokenize(["warm-up " * length] * n)
+            items = self._items(["warm-up " * length] * n)
             self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
 
     def self_check(self) -> None:
@@ -266,16 +229,19 @@ class OnnxBackend:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
     def health(self) -> None:
-        items = self.tokenize(["health check"])
+        items = self._items(["health check"])
         normalized, _ = self.run(items, padded_length(items[0].length, self.pad_to_multiple_of))
         if not np.isfinite(normalized).all():
             raise BackendError("the health-check forward pass produced non-finite values")
 
     # --- in-process use (evaluation, tests): any number of texts --------------------------------
+    def _items(self, texts: list[str]) -> list[Tokenized]:
+        return _rows(self.tokenizer.encode(texts)[0])
+
     def encode(self, texts: list[str], normalize: bool = True, batch_size: int = 64) -> np.ndarray:
         """Embed texts in length-sorted batches, rows in input order."""
         out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
-        items = self.tokenize(list(texts))
+        items = self._items(list(texts))
         order = np.argsort([-i.length for i in items], kind="stable")
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
@@ -288,7 +254,7 @@ class OnnxBackend:
     def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
         """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches."""
         out = np.zeros(len(pairs), dtype=np.float32)
-        items = self._tokenize_pairs(list(pairs))
+        items = _rows(self.tokenizer.encode_pairs(list(pairs))[0])
         order = np.argsort([-i.length for i in items], kind="stable")
         for start in range(0, len(pairs), batch_size):
             idx = order[start : start + batch_size]
@@ -296,6 +262,10 @@ class OnnxBackend:
             scores, _ = self.run(chunk, padded_length(max(i.length for i in chunk), self.pad_to_multiple_of))
             out[idx] = scores[:, 0]
         return out
+
+
+def _rows(batch: TokenBatch) -> list[Tokenized]:
+    return [Tokenized(batch.row(i), batch.type_row(i)) for i in range(len(batch))]
 
 
 def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:

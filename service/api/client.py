@@ -1,0 +1,192 @@
+"""How the routes reach an engine: one interface, in process (tests) or over ZeroMQ (the service).
+
+vLLM's `EngineCoreClient` pattern: the routes call `await client.embed(batch)` and never know
+where the engine runs. `ZmqEngineClient` sends token ids as raw buffers to the engine process's
+ROUTER socket and matches answers by request id; a heartbeat notices an engine that died, and
+every request it held fails with EngineUnavailable (503) within a second instead of hanging.
+When the supervisor restarts the engine on the same address, the socket reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from service.ipc.messages import (
+    EmbedResult,
+    EngineUnavailable,
+    ModelInfo,
+    TokenBatch,
+    batch_frames,
+    pack,
+    raise_error,
+    unpack,
+)
+
+log = logging.getLogger("sembed.client")
+
+#: how often a client pings its engine, and how long without an answer means it is gone
+HEARTBEAT_S = 0.2
+DEAD_AFTER_S = 0.8
+
+
+class EngineClient(Protocol):
+    info: ModelInfo
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
+                    timeout_s: float | None = None) -> EmbedResult: ...
+
+    async def health(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessEngineClient:
+    """The engine in this process (tests, tools): the same calls, no IPC."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.info: ModelInfo = engine.info
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    @property
+    def in_flight(self) -> int:
+        return self.engine.in_flight
+
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
+                    timeout_s: float | None = None) -> EmbedResult:
+        return await self.engine.embed(batch, normalize=normalize, timeout_s=timeout_s)
+
+    async def health(self) -> None:
+        await asyncio.to_thread(self.engine.backend.health)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.engine.stop)
+
+
+class ZmqEngineClient:
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        self.info: ModelInfo | None = None  # from the engine's hello (connect)
+        self._socket: zmq.asyncio.Socket | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._last_pong = 0.0
+        self._engine_ready = False
+        self.engine_pid: int | None = None
+
+    async def connect(self, timeout_s: float = 600.0) -> ZmqEngineClient:
+        """Connect and wait for the engine's hello (it may still be loading its model)."""
+        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for an engine that is not there: fail at once
+        socket.connect(self.endpoint)
+        self._socket = socket
+        self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._heartbeat())]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                header, _ = await self._call({"op": "hello"}, timeout_s=1.0)
+                break
+            except (EngineUnavailable, TimeoutError):
+                if time.monotonic() > deadline:
+                    await self.close()
+                    raise EngineUnavailable(f"no engine answered at {self.endpoint} in {timeout_s:.0f} s") from None
+                await asyncio.sleep(0.1)
+        self.info = ModelInfo(**header["info"])
+        self.engine_pid = header["pid"]
+        self._last_pong = time.monotonic()
+        self._engine_ready = True
+        return self
+
+    @property
+    def ready(self) -> bool:
+        return self._engine_ready and time.monotonic() - self._last_pong < DEAD_AFTER_S
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
+                    timeout_s: float | None = None) -> EmbedResult:
+        header = {"op": "embed", "normalize": normalize, "timeout_s": timeout_s}
+        reply, frames = await self._call(header, batch_frames(batch))
+        vectors = np.frombuffer(frames[0], dtype="<f4").reshape(reply["shape"])
+        return EmbedResult(vectors, reply["prompt_tokens"], reply["queue_s"], reply["inference_s"])
+
+    async def health(self) -> None:
+        await self._call({"op": "health"}, timeout_s=30.0)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._fail_pending("the engine client closed")
+        if self._socket is not None:
+            self._socket.close()
+
+    async def _call(self, header: dict[str, Any], frames: list | None = None,
+                    timeout_s: float | None = None) -> tuple[dict[str, Any], list]:
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            try:
+                await self._socket.send_multipart([pack({**header, "id": request_id}), *(frames or [])],
+                                                  flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                raise EngineUnavailable(f"the engine at {self.endpoint} is not running (restarting?)") from None
+            async with asyncio.timeout(timeout_s):
+                reply, frames = await future
+        except asyncio.CancelledError:
+            if header["op"] == "embed":  # the caller left: the engine drops its rows not yet run
+                with contextlib.suppress(zmq.ZMQError):
+                    self._socket.send(pack({"op": "cancel", "id": request_id}), flags=zmq.NOBLOCK)
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+        if "error" in reply:
+            raise_error(reply)
+        return reply, frames
+
+    async def _receive(self) -> None:
+        while True:
+            header_frame, *frames = await self._socket.recv_multipart(copy=False)
+            header = unpack(header_frame.buffer)
+            if header.get("op") == "pong":
+                self._last_pong = time.monotonic()
+                self._engine_ready = header["ready"]
+                if header["pid"] != self.engine_pid and self.engine_pid is not None:
+                    log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
+                    self.engine_pid = header["pid"]
+                continue
+            future = self._pending.get(header.get("id"))
+            if future is not None and not future.done():
+                future.set_result((header, [f.buffer for f in frames]))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.send(pack({"op": "ping", "id": 0}), flags=zmq.NOBLOCK)
+            await asyncio.sleep(HEARTBEAT_S)
+            if self._pending and time.monotonic() - self._last_pong > DEAD_AFTER_S:
+                self._fail_pending(f"the engine at {self.endpoint} stopped answering (it is being restarted)")
+
+    def _fail_pending(self, message: str) -> None:
+        for future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(EngineUnavailable(message))

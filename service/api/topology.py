@@ -1,0 +1,126 @@
+"""Where an API process finds the other processes: the supervisor hands each API process a Topology."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+
+from service.api.client import ZmqEngineClient
+from service.api.registry import ModelRegistry, ServedModel, retire
+from service.ipc.messages import ModelInfo, pack, unpack
+from service.metrics import ApiMetrics
+from service.settings import Settings
+from service.tokenization import Tokenizer, WordTokenizer
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    name: str
+    export_dir: str  # the API process reads its tokenizer from here
+    endpoint: str  # the engine process's ZeroMQ address
+
+
+@dataclass(frozen=True)
+class Topology:
+    models: list[ModelEndpoint]
+    index_endpoint: str | None = None  # the local index's writer process; None: Milvus, reached directly
+    control_endpoint: str | None = None  # the supervisor: reloads are asked here...
+    events_endpoint: str | None = None  # ...announced to every API process here...
+    acks_endpoint: str | None = None  # ...and acknowledged here
+
+
+def load_tokenizer(settings: Settings, export_dir: str | Path, max_seq_length: int):
+    """The engine's model's tokenizer (the fake backend's words are tokens)."""
+    return WordTokenizer(max_seq_length) if settings.backend == "fake" else Tokenizer(export_dir)
+
+
+async def connect_model(settings: Settings, model: ModelEndpoint, timeout_s: float = 600.0):
+    client = await ZmqEngineClient(model.endpoint).connect(timeout_s)
+    return client, load_tokenizer(settings, model.export_dir, client.info.max_seq_length)
+
+
+async def connect_registry(topology: Topology, settings: Settings, metrics: ApiMetrics) -> ModelRegistry:
+    registry = ModelRegistry(metrics, settings.auto_truncate)
+    connected = await asyncio.gather(*(connect_model(settings, m) for m in topology.models))
+    for model, (client, tokenizer) in zip(topology.models, connected):
+        registry.add(model.name, client, tokenizer)
+    return registry
+
+
+class ModelLoader(Protocol):
+    """What the admin reload route asks for: a new model staged beside the serving one, then switched to."""
+
+    async def stage(self, name: str, export_dir: Path) -> ServedModel: ...
+
+    async def switch(self, name: str, staged: ServedModel) -> ModelInfo:
+        """Every API process serves `staged` under `name` from now on; the previous model's info."""
+
+    async def discard(self, staged: ServedModel) -> None: ...
+
+
+class SupervisorLoader:
+    """Reloads across processes: the supervisor starts the new engine process, then tells every API
+    process to switch (each answers once its requests go to the new engine), then drains the old one."""
+
+    def __init__(self, topology: Topology, settings: Settings, registry: ModelRegistry):
+        self.topology = topology
+        self.settings = settings
+        self.registry = registry
+        self._staged: dict[int, ServedModel] = {}
+        self._events = asyncio.ensure_future(self._follow())
+
+    async def _request(self, message: dict) -> dict:
+        socket = zmq.asyncio.Context.instance().socket(zmq.REQ)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(self.topology.control_endpoint)
+        try:
+            await socket.send(pack(message))
+            reply = unpack(await socket.recv())
+        finally:
+            socket.close()
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    async def stage(self, name: str, export_dir: Path) -> ServedModel:
+        reply = await self._request({"op": "stage", "name": name, "export_dir": str(export_dir)})
+        client, tokenizer = await connect_model(self.settings, ModelEndpoint(name, str(export_dir), reply["endpoint"]))
+        staged = self.registry.served(client, tokenizer)
+        staged.token = reply["token"]
+        self._staged[reply["token"]] = staged
+        return staged
+
+    async def switch(self, name: str, staged: ServedModel) -> ModelInfo:
+        previous = self.registry.get(name).info
+        await self._request({"op": "switch", "token": staged.token})  # answered once every API process switched
+        return previous
+
+    async def discard(self, staged: ServedModel) -> None:
+        self._staged.pop(staged.token, None)
+        await staged.client.close()
+        await self._request({"op": "discard", "token": staged.token})
+
+    async def _follow(self) -> None:
+        """Apply the supervisor's switches in this process, then acknowledge."""
+        context = zmq.asyncio.Context.instance()
+        events = context.socket(zmq.SUB)
+        events.setsockopt(zmq.SUBSCRIBE, b"")
+        events.connect(self.topology.events_endpoint)
+        acks = context.socket(zmq.PUSH)
+        acks.setsockopt(zmq.LINGER, 1000)
+        acks.connect(self.topology.acks_endpoint)
+        while True:
+            event = unpack(await events.recv())
+            staged = self._staged.pop(event["token"], None)
+            if staged is None:
+                model = ModelEndpoint(event["name"], event["export_dir"], event["endpoint"])
+                staged = self.registry.served(*await connect_model(self.settings, model))
+            old = self.registry.replace(event["name"], staged)
+            asyncio.ensure_future(retire(old, self.settings.shutdown_grace_s))
+            await acks.send(pack({"token": event["token"], "pid": os.getpid()}))

@@ -1,0 +1,54 @@
+"""Admission by expected wait: a request is refused only when it would wait too long, not because
+other requests hold a count of permits.
+
+The queue serves the least-served request first, one row each in turn, so it behaves like
+processor sharing: a request of T tokens finishes after its own T plus, from each request ahead
+of it, at most T of theirs (a one-text request overtakes a 256-text one after one pass). Its
+expected time in the engine is therefore
+
+    wait(T) = (T + sum_j min(remaining_j, T) + tokens of the pass running now) / rate
+
+with `rate` the input tokens per second the backend has been measured to get through. Above
+`max_wait_s` the request is refused (429) with Retry-After from that estimate: under overload
+the requests shed are the ones that would wait longest, the large ones, while a small request
+still gets into the next pass.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+#: how fast the pass-rate estimate follows the measured passes
+RATE_SMOOTHING = 0.2
+
+
+class Admission:
+    def __init__(self, max_wait_s: float):
+        self.max_wait_s = max_wait_s
+        self._rate: float | None = None  # none measured yet: nothing to estimate a wait from
+        self._lock = threading.Lock()
+
+    @property
+    def rate(self) -> float | None:
+        """Input tokens per second the backend gets through (its padding included in the time), as measured."""
+        return self._rate
+
+    def observe_pass(self, tokens: int, seconds: float) -> None:
+        if seconds <= 0 or tokens <= 0:
+            return
+        with self._lock:
+            measured = tokens / seconds
+            self._rate = measured if self._rate is None else self._rate + RATE_SMOOTHING * (measured - self._rate)
+
+    def expected_wait(self, tokens: int, queued: list[int], running: int = 0) -> float:
+        """Seconds a request of `tokens` would spend in the engine behind `queued` requests' remaining
+        tokens and the pass now running (0 before any pass was measured)."""
+        if self._rate is None:
+            return 0.0
+        ahead = sum(min(r, tokens) for r in queued)
+        return (tokens + ahead + running) / self._rate
+
+    def retry_after(self, wait_s: float) -> float:
+        """When a refused request could expect to get in: once the excess over the bound has drained."""
+        return max(1.0, math.ceil(wait_s - self.max_wait_s))

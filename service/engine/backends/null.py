@@ -1,0 +1,37 @@
+"""The null backend: the export's real dimension and limits, no model compute.
+
+With it (SEMBED_BACKEND=null) a benchmark measures what the server itself costs, HTTP, JSON,
+tokenisation, IPC and batching, on any machine: every pass answers the same unit vector per row,
+in the shapes and dtypes the real model gives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from service.engine.backends.base import Tokenized
+from service.ipc.messages import ModelInfo
+from service.manifest import Manifest
+
+
+class NullBackend:
+    def __init__(self, export_dir: str | Path, pad_to_multiple_of: int = 8):
+        manifest = Manifest.load(Path(export_dir))
+        dimension = manifest.dimension
+        self.info = ModelInfo(model=manifest.name, dimension=dimension, max_seq_length=manifest.max_seq_length,
+                              device="cpu", manifest=manifest.model_dump(mode="json"), kind=manifest.kind,
+                              graph_sha256=f"null:{manifest.onnx_sha256}")
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self._unit = np.full(dimension, dimension ** -0.5, dtype=np.float32)
+
+    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        vectors = np.broadcast_to(self._unit, (len(items), len(self._unit)))
+        return vectors, vectors
+
+    def warmup(self) -> None:
+        pass
+
+    def health(self) -> None:
+        pass

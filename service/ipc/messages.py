@@ -1,0 +1,176 @@
+"""What crosses between the API processes and an engine process, and how it is framed.
+
+A request is a batch of already-tokenised inputs; the answer is a float32 matrix. Both travel as
+raw array buffers in ZeroMQ frames (vLLM's `serial_utils`: arrays as buffers, never pickled), with
+one small msgpack header per message. No per-text Python object is ever serialised:
+
+    embed   [header, ids int32 (all rows end to end), offsets int64 [n+1], type_ids int8 or b""]
+    answer  [header, vectors float32 [n, dim]]
+    error   [header with {"error": kind, "message": ...}]
+
+The engine's failure kinds are defined here, so both sides raise and catch the same classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+# --- the token batch -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """n inputs' token ids end to end (row i is ids[offsets[i]:offsets[i+1]]): one buffer per field,
+    whatever the number of inputs."""
+
+    ids: np.ndarray  # int32 [total]
+    offsets: np.ndarray  # int64 [n + 1]
+    type_ids: np.ndarray | None = None  # int8 [total], for models that take token_type_ids
+
+    @classmethod
+    def from_rows(cls, rows: list[list[int]], type_rows: list[list[int]] | None = None) -> TokenBatch:
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=total)
+        types = None if type_rows is None else np.fromiter((t for r in type_rows for t in r), dtype=np.int8,
+                                                            count=total)
+        return cls(ids, offsets, types)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def row(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def type_row(self, i: int) -> np.ndarray | None:
+        return None if self.type_ids is None else self.type_ids[self.offsets[i]:self.offsets[i + 1]]
+
+
+# --- what an engine says about its model ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served graph, as the routes need it (the engine's backend fills it in)."""
+
+    model: str  # the export's name, what the API reports as `model`
+    dimension: int
+    max_seq_length: int
+    device: str  # "cpu" | "cuda"
+    variant: str = "fp32"  # which graph of the export: fp32, int8, fp16
+    manifest: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None  # token ids a client sends must be below it
+    graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
+    kind: str = "embedding"  # or "cross-encoder": one score per row, as a [n, 1] "vector"
+    max_batch_tokens: int = 0  # the engine's pass budget, as /info reports it
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return self.kind == "cross-encoder"
+
+
+@dataclass
+class EmbedResult:
+    vectors: np.ndarray  # [n, dim] float32, normalised or as pooled
+    prompt_tokens: int
+    queue_s: float
+    inference_s: float
+    tokenization_s: float = 0.0  # filled in by the API process, which tokenised
+
+
+# --- failures --------------------------------------------------------------------------------------
+
+
+class EngineError(Exception):
+    """A request the engine will not or cannot serve; the routes map each kind to a status."""
+
+    retry_after_s: float | None = None
+
+
+class Overloaded(EngineError):
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InvalidInput(EngineError):
+    pass
+
+
+class InputTooLong(InvalidInput):
+    pass
+
+
+class NotReady(EngineError):
+    pass
+
+
+class EngineUnavailable(NotReady):
+    """The engine process died or does not answer: in-flight requests get this, not a hang."""
+
+
+class InferenceFailed(EngineError):
+    pass
+
+
+class QueueDeadline(EngineError):
+    pass
+
+
+class WrongModelType(EngineError):
+    """Embeddings asked of a reranker (cross-encoder), or pair scores of an embedding model."""
+
+
+ERRORS: dict[str, type[EngineError]] = {c.__name__: c for c in (
+    EngineError, Overloaded, InvalidInput, InputTooLong, NotReady, EngineUnavailable, InferenceFailed,
+    QueueDeadline, WrongModelType)}
+
+
+# --- framing ---------------------------------------------------------------------------------------
+
+def pack(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack(frame) -> dict[str, Any]:
+    return msgpack.unpackb(frame, raw=False)
+
+
+def batch_frames(batch: TokenBatch) -> list:
+    types = b"" if batch.type_ids is None else memoryview(np.ascontiguousarray(batch.type_ids, np.int8))
+    return [memoryview(np.ascontiguousarray(batch.ids, np.int32)),
+            memoryview(np.ascontiguousarray(batch.offsets, np.int64)), types]
+
+
+def batch_from_frames(ids, offsets, types) -> TokenBatch:
+    type_ids = np.frombuffer(types, dtype=np.int8) if len(types) else None
+    return TokenBatch(np.frombuffer(ids, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64), type_ids)
+
+
+def error_header(request_id: int, error: BaseException) -> dict[str, Any]:
+    kind = type(error).__name__ if type(error).__name__ in ERRORS else "InferenceFailed"
+    header: dict[str, Any] = {"id": request_id, "error": kind, "message": str(error)}
+    if isinstance(error, EngineError) and error.retry_after_s is not None:
+        header["retry_after_s"] = error.retry_after_s
+    return header
+
+
+def raise_error(header: dict[str, Any]) -> None:
+    cls = ERRORS.get(header["error"], EngineError)
+    error = cls(header["message"])
+    error.retry_after_s = header.get("retry_after_s")
+    raise error

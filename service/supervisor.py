@@ -1,0 +1,304 @@
+"""`python -m service`: the process model, started and kept running.
+
+    sembed: supervisor            binds the HTTP port, starts and restarts the others
+    ├── sembed: engine <model> <device>   one per model and device: admission, queue, backend
+    ├── sembed: index                     the local index's one writer (WAL, snapshots, FAISS)
+    └── sembed: api 1..N                  uvicorn + FastAPI on the shared port: HTTP, auth,
+                                          validation, tokenisation, answers; no model
+
+The API processes share the listening socket the supervisor bound (the kernel spreads
+connections over them) and reach the engines and the index over ZeroMQ sockets in a private run
+directory. A process that dies is started again: an engine's in-flight requests get 503 within a
+second from the API processes' heartbeat, and they reconnect to its successor by themselves.
+SIGTERM or Ctrl-C: the API processes stop being ready, drain their in-flight requests and exit,
+then the engines and the index finish what they hold; the supervisor exits 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from service.api.topology import ModelEndpoint, Topology
+from service.manifest import Manifest
+from service.settings import Settings
+
+log = logging.getLogger("sembed.supervisor")
+
+#: how often the supervisor looks at its children, and how soon after a crash it restarts one
+POLL_S = 0.1
+RESTART_BACKOFF_S = 0.5
+
+
+def _title(title: str) -> None:
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+    access = logging.getLogger("sembed.access")  # bare JSON lines, for log shippers
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
+
+
+def engine_main(settings: Settings, export_dir: str, endpoint: str, title: str, error_file: str) -> None:
+    _title(title)
+    _logging()
+    from service.engine import server
+
+    try:
+        server.run(settings, export_dir, endpoint)
+    except Exception as e:  # a reload names the reason to its caller
+        Path(error_file).write_text(f"{type(e).__name__}: {e}")
+        raise
+
+
+def index_main(settings: Settings, endpoint: str) -> None:
+    _title("sembed: index")
+    _logging()
+    from service.index import remote
+
+    remote.run(settings, endpoint)
+
+
+def api_main(settings: Settings, topology: Topology, listener: socket.socket, number: int) -> None:
+    _title(f"sembed: api {number}")
+    _logging()
+    from service.api.app import create_app
+    from service.api.server import build_server
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
+    build_server(create_app(settings, topology=topology), settings).run(sockets=[listener])
+
+
+@dataclass
+class Child:
+    title: str
+    target: object
+    args: tuple
+    process: multiprocessing.process.BaseProcess | None = None
+    restarts: int = 0
+    died_at: float | None = field(default=None)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.run_dir = Path(tempfile.mkdtemp(prefix="sembed-"))
+        self.context = multiprocessing.get_context("spawn")  # children start clean: no inherited threads
+        self.children: list[Child] = []
+        self.stopping = False
+        self.generations = itertools.count()
+        self.lock = threading.Lock()  # the children list: the control thread changes it on a reload
+        self.staged: dict[int, tuple[ModelEndpoint, Child]] = {}
+
+    def topology(self) -> tuple[Topology, list[Child]]:
+        s = self.settings
+        models, engines = [], []
+        for name, export_dir in s.model_dirs():
+            name = name or _export_name(s, export_dir)
+            endpoint = f"ipc://{self.run_dir}/engine-{next(self.generations)}.sock"
+            models.append(ModelEndpoint(name, str(export_dir), endpoint))
+            engines.append(self._engine(name, str(export_dir), endpoint))
+        index_endpoint = f"ipc://{self.run_dir}/index.sock" if s.index_backend == "local" else None
+        if index_endpoint:
+            engines.append(Child("sembed: index", index_main, (s, index_endpoint)))
+        return Topology(models, index_endpoint, f"ipc://{self.run_dir}/control.sock",
+                        f"ipc://{self.run_dir}/events.sock", f"ipc://{self.run_dir}/acks.sock"), engines
+
+    def _engine(self, name: str, export_dir: str, endpoint: str) -> Child:
+        device = "cuda:0" if self.settings.device == "cuda" else "cpu"
+        title = f"sembed: engine {name} {device}"
+        return Child(title, engine_main, (self.settings, export_dir, endpoint, title, endpoint[6:] + ".error"))
+
+    def run(self) -> int:
+        s = self.settings
+        metrics_dir = self.run_dir / "metrics"
+        metrics_dir.mkdir()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # inherited by every child
+        _title("sembed: supervisor")
+        topology, backends = self.topology()
+        listener = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((s.host, s.port))
+        listener.listen(2048)
+        listener.set_inheritable(True)
+        workers = s.api_worker_count()
+        self.topology_now = topology
+        api = [Child(f"sembed: api {i}", api_main, (s, topology, listener, i)) for i in range(1, workers + 1)]
+        self.children = backends + api
+        self.api = api
+        threading.Thread(target=self._control, args=(topology,), name="control", daemon=True).start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        log.info("starting %d API process(es), %d engine(s)%s on %s:%d (run dir %s)", workers, len(topology.models),
+                 " and the index writer" if topology.index_endpoint else "", s.host, s.port, self.run_dir)
+        for child in self.children:
+            self._start(child)
+        try:
+            while not self.stopping:
+                time.sleep(POLL_S)
+                with self.lock:
+                    for child in self.children:
+                        if not child.process.is_alive() and not self.stopping:
+                            self._restart(child)
+            with self.lock:
+                self._shutdown(api, [c for c in self.children if c not in api])
+        finally:
+            listener.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return 0
+
+    # --- reloads: the control thread ----------------------------------------------------------------
+    def _control(self, topology: Topology) -> None:
+        import zmq
+
+        from service.ipc.messages import pack, unpack
+
+        context = zmq.Context.instance()
+        control = context.socket(zmq.REP)
+        control.bind(topology.control_endpoint)
+        events = context.socket(zmq.PUB)
+        events.bind(topology.events_endpoint)
+        acks = context.socket(zmq.PULL)
+        acks.bind(topology.acks_endpoint)
+        while True:
+            request = unpack(control.recv())
+            try:
+                reply = getattr(self, f"_{request['op']}")(request, events, acks)
+            except Exception as e:
+                log.exception("reload step %s failed", request.get("op"))
+                reply = {"error": str(e)}
+            control.send(pack(reply))
+
+    def _stage(self, request: dict, events, acks) -> dict:
+        """Start an engine for the export beside the serving one; answer once it is ready (or why not)."""
+        import zmq
+
+        from service.ipc.messages import pack
+
+        token = next(self.generations)
+        model = ModelEndpoint(request["name"], request["export_dir"], f"ipc://{self.run_dir}/engine-{token}.sock")
+        child = self._engine(model.name, model.export_dir, model.endpoint)
+        self._start(child)
+        probe = zmq.Context.instance().socket(zmq.DEALER)
+        probe.setsockopt(zmq.LINGER, 0)
+        probe.connect(model.endpoint)
+        try:
+            while not probe.poll(100):
+                if not child.process.is_alive():
+                    error = Path(child.args[-1])
+                    raise RuntimeError(error.read_text() if error.exists() else f"the engine exited with "
+                                                                                  f"{child.process.exitcode}")
+                probe.send(pack({"op": "hello", "id": 0}), flags=zmq.NOBLOCK) if probe.poll(0, zmq.POLLOUT) else None
+        finally:
+            probe.close()
+        self.staged[token] = (model, child)
+        return {"token": token, "endpoint": model.endpoint}
+
+    def _switch(self, request: dict, events, acks) -> dict:
+        """Every API process moves to the staged engine; then the old one drains and stops."""
+        from service.ipc.messages import pack
+
+        token = request["token"]
+        model, child = self.staged.pop(token)
+        with self.lock:
+            self.children.append(child)
+            alive = sum(c.process.is_alive() for c in self.api)
+        events.send(pack({"token": token, **vars(model)}))
+        waiting, deadline = alive, time.monotonic() + self.settings.shutdown_grace_s
+        while waiting and time.monotonic() < deadline:
+            if acks.poll(100):
+                acks.recv()
+                waiting -= 1
+        with self.lock:
+            self.topology_now = replace(self.topology_now, models=[model if m.name == model.name else m
+                                                                    for m in self.topology_now.models])
+            for api in self.api:  # an API process started later connects to the new engine
+                api.args = (self.settings, self.topology_now, *api.args[2:])
+            old = [c for c in self.children if c.title == child.title and c is not child]
+            for c in old:
+                self.children.remove(c)
+        for c in old:  # it drains what it holds, then exits
+            c.process.terminate()
+        return {"switched": token, "unacknowledged": waiting}
+
+    def _discard(self, request: dict, events, acks) -> dict:
+        staged = self.staged.pop(request["token"], None)
+        if staged is not None:
+            staged[1].process.terminate()
+        return {}
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopping:  # a second signal: stop now
+            for child in self.children:
+                if child.process is not None and child.process.is_alive():
+                    child.process.kill()
+            raise SystemExit(1)
+        log.info("%s: draining, then stopping", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _start(self, child: Child) -> None:
+        child.process = self.context.Process(target=child.target, args=child.args, name=child.title, daemon=False)
+        child.process.start()
+
+    def _restart(self, child: Child) -> None:
+        from prometheus_client import multiprocess
+
+        process = child.process
+        if child.died_at is None:
+            child.died_at = time.monotonic()
+            log.error("%s (pid %s) exited with %s: restarting it", child.title, process.pid, process.exitcode)
+            multiprocess.mark_process_dead(process.pid)
+        if time.monotonic() - child.died_at < RESTART_BACKOFF_S * min(child.restarts, 10):
+            return
+        child.restarts += 1
+        child.died_at = None
+        self._start(child)
+
+    def _shutdown(self, api: list[Child], backends: list[Child]) -> None:
+        s = self.settings
+        # API processes first: they stop being ready, drain in-flight requests (which still need the engines)
+        for group, grace in ((api, s.drain_delay_s + s.shutdown_grace_s + 5), (backends, s.shutdown_grace_s + 5)):
+            for child in group:
+                if child.process.is_alive():
+                    child.process.terminate()
+            deadline = time.monotonic() + grace
+            for child in group:
+                child.process.join(max(0.0, deadline - time.monotonic()))
+                if child.process.is_alive():
+                    log.warning("%s did not stop in time: killed", child.title)
+                    child.process.kill()
+                    child.process.join()
+        log.info("stopped")
+
+
+def _export_name(settings: Settings, export_dir: Path) -> str:
+    if settings.backend == "fake":
+        return export_dir.name or "fake"
+    return Manifest.load(export_dir).name
+
+
+def main() -> None:
+    _logging()
+    settings = Settings()
+    if settings.backend != "fake":
+        for _, export_dir in settings.model_dirs():
+            if not (export_dir / "manifest.json").is_file():
+                raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
+                                 "create one with `make export` or set SEMBED_MODEL_DIR")
+    raise SystemExit(Supervisor(settings).run())
