@@ -154,7 +154,8 @@ class IndexServer:
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Future] = set()
 
-        async def handle(identity: bytes, empty: bytes, frame: bytes) -> None:
+        async def handle(*envelope: bytes) -> None:  # [identity, REQ_CORRELATE's id, b"", payload]
+            *route, frame = envelope
             call = decode(frame)
             try:
                 result = await loop.run_in_executor(self._pool, self._run, call)
@@ -164,7 +165,7 @@ class IndexServer:
             except Exception as e:
                 log.exception("index call %s failed", call.get("method"))
                 reply = {"error": "IndexError_", "message": f"internal error in the index: {e}", "status": 500}
-            await socket.send_multipart([identity, empty, encode(reply)])
+            await socket.send_multipart([*route, encode(reply)])
 
         receiver = None
         while not self._stop.is_set():

@@ -1,0 +1,132 @@
+"""The service as it runs: `python -m service`, a supervisor with API, engine and index processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _titles(root: int) -> dict[int, str]:
+    """The process titles under `root` (itself included), as `ps` shows them."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
+    children, titles = {}, {}
+    for pid, ppid, args in ((int(p), int(pp), a) for p, pp, *rest in rows for a in (rest[0] if rest else "",)):
+        children.setdefault(ppid, []).append(pid)
+        titles[pid] = args
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        found[pid] = titles.get(pid, "")
+        todo += children.get(pid, [])
+    return found
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the service exited"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("not ready in time")
+
+
+@pytest.fixture
+def service(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "SEMBED_BACKEND": "fake", "SEMBED_MODEL_DIR": str(tmp_path / "fake-model"),
+           "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1", "SEMBED_API_WORKERS": "2",
+           "SEMBED_INDEX_PATH": str(tmp_path / "index"), "SEMBED_DRAIN_DELAY_S": "0.2", "SEMBED_ACCESS_LOG": "false"}
+    log = open(tmp_path / "service.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        proc.url = url
+        proc.log = tmp_path / "service.log"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_each_process_names_its_role_and_the_routes_work_across_them(service):
+    titles = sorted(_titles(service.pid).values())
+    assert sum(t.startswith("sembed: api ") for t in titles) == 2, titles
+    assert any(t == "sembed: engine fake-model cpu" for t in titles), titles
+    assert "sembed: index" in titles and "sembed: supervisor" in titles, titles
+    with httpx.Client(base_url=service.url, timeout=10) as c:
+        vectors = c.post("/embed", json={"inputs": ["a b c", "d e"]}).json()
+        assert len(vectors) == 2 and len(vectors[0]) == 8
+        # writes go to the one index process whichever API process takes them; every API process reads them
+        for i in range(6):
+            assert c.post("/index/documents", json={"documents": [{"id": f"d{i}", "text": f"doc {i}"}]}).status_code == 200
+        for _ in range(6):
+            assert c.post("/search", json={"query": "doc 3", "k": 1}).json()["results"][0][0]["id"] == "d3"
+        metrics = c.get("/metrics").text  # every process's samples, under one name each
+        texts = [line for line in metrics.splitlines() if line.startswith("sembed_embedded_texts_total")]
+        assert texts and float(texts[0].split()[-1]) >= 14, texts
+
+
+def test_a_killed_engine_fails_fast_then_comes_back_by_itself(service):
+    engine = next(pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine"))
+    with httpx.Client(base_url=service.url, timeout=10) as c:
+        assert c.post("/embed", json={"inputs": "before"}).status_code == 200
+        os.kill(engine, signal.SIGKILL)
+        start = time.monotonic()
+        r = c.post("/embed", json={"inputs": "during"})
+        assert r.status_code in (200, 503) and time.monotonic() - start < 2, r.text  # never a hang
+        _wait_ready(service.url, service, timeout=30)
+        assert c.post("/embed", json={"inputs": "after"}).status_code == 200
+    now = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine")]
+    assert now and engine not in now
+
+
+def test_a_killed_api_process_is_replaced(service):
+    api = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: api ")]
+    os.kill(api[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: api ")]
+        if len(now) == 2 and api[0] not in now:
+            break
+        time.sleep(0.2)
+    assert len(now) == 2 and api[0] not in now
+    _wait_ready(service.url, service)
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_zero(service):
+    answers = []
+    with httpx.Client(base_url=service.url, timeout=20) as c:
+        c.post("/embed", json={"inputs": "warm"})
+        load = threading.Thread(target=lambda: answers.extend(
+            c.post("/embed", json={"inputs": [f"text {i}"] * 8}).status_code for i in range(20)))
+        load.start()
+        time.sleep(0.05)
+        service.send_signal(signal.SIGTERM)
+        load.join(20)
+    assert service.wait(30) == 0, Path(service.log).read_text()[-3000:]
+    assert answers and all(s == 200 for s in answers), answers
