@@ -152,7 +152,8 @@ def tiny_graph(path: Path) -> None:
 
 
 def run_tiny_graph(provider: str) -> tuple[str, float]:
-    """Run `tiny_graph` on `provider`; the provider that really ran it and the max |error| against numpy."""
+    """Run `tiny_graph` on `provider`; the provider that really ran it and its max |error| against numpy, relative
+    to the largest output."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
@@ -166,7 +167,7 @@ def run_tiny_graph(provider: str) -> tuple[str, float]:
         x = np.random.default_rng(1).normal(size=(4, 16)).astype(np.float32)
         (got,) = session.run(None, {"x": x})
     expected = np.maximum(x @ weights["W"] + weights["b"], 0)
-    return session.get_providers()[0], float(np.abs(got - expected).max())
+    return session.get_providers()[0], float(np.abs(got - expected).max() / np.abs(expected).max())
 
 
 def check_onnxruntime_cuda(gpus: list[str], model_dir: Path | None = None) -> Result:
@@ -183,9 +184,10 @@ def check_onnxruntime_cuda(gpus: list[str], model_dir: Path | None = None) -> Re
     if ran != "CUDAExecutionProvider":
         return Result(name, FAIL, f"the CUDA provider did not load (the session fell back to {ran}): its CUDA or "
                       "cuDNN libraries are missing or of another CUDA major; onnxruntime's log above says which")
-    if not error < 1e-3:
-        return Result(name, FAIL, f"a MatMul+Add+Relu graph on CUDA is {error:.2e} off numpy")
-    detail = f"a MatMul+Add+Relu graph ran on CUDA, max |error| {error:.1e}"
+    # the CUDA provider multiplies float32 in TF32 on Ampere and later GPUs (10-bit mantissa): ~1e-3 relative
+    if not error < 1e-2:
+        return Result(name, FAIL, f"a MatMul+Add+Relu graph on CUDA is {error:.2e} off numpy (relative)")
+    detail = f"a MatMul+Add+Relu graph ran on CUDA, max error {error:.1e} relative to numpy"
     if model_dir is not None:
         detail += "; " + _export_on_cuda(model_dir)
     return Result(name, PASS, detail)
