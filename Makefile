@@ -13,7 +13,7 @@ DATA ?= ../shared/data
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export bench bench-index
+.PHONY: serve test export venv wordnet lint eval train-export bench bench-index venv-gpu gpu-check
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -23,6 +23,29 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 venv: $(VENV)/.installed
+
+# A GPU machine (Linux x86_64, an NVIDIA driver for CUDA 13): .venv for training, serving and the index on the GPU.
+# torch 2.13.0 from PyPI is its CUDA 13.0 build. onnxruntime-gpu and a FAISS GPU wheel write the same package folders
+# as onnxruntime and faiss-cpu, so those go first; then the gpu extra (read from pyproject.toml) with CUDA 13.2
+# libraries, the oldest faiss-gpu-cuvs takes: torch, built on 13.0, runs on later 13.x libraries (pip reports its
+# cuda-toolkit 13.0.3 pin as a conflict). Ends with gpu-check. Run again after a change to pyproject.toml: `make venv`
+# would put the CPU onnxruntime back beside onnxruntime-gpu (gpu-check's install line says so).
+GPU_CUDA_LIBS ?= cuda-toolkit[cublas,cudart,cufft,curand,cusolver,cusparse,nvjitlink,nvrtc]==13.2.2
+venv-gpu:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[train,eval,dev]'
+	$(PY) -m pip uninstall -q -y onnxruntime onnxruntime-gpu faiss-cpu faiss-gpu faiss-gpu-cu12 faiss-gpu-cuvs
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu'], \
+	  '$(GPU_CUDA_LIBS)', sep='\n')" > $(VENV)/gpu-requirements.txt
+	$(PY) -m pip install -q -c constraints.txt -r $(VENV)/gpu-requirements.txt
+	touch $(VENV)/.installed
+	$(PY) -m training.gpu_check
+
+# Versions, onnxruntime's providers, the GPUs seen; one onnxruntime CUDA pass (and MODEL_DIR's export, every variant,
+# if there is one), one FAISS GPU search, one torch step on cuda: PASS/FAIL/SKIP each (SKIP without a GPU).
+gpu-check: venv
+	$(PY) -m training.gpu_check $(if $(wildcard $(MODEL_DIR)/manifest.json),--model-dir $(MODEL_DIR))
 
 $(MODEL_DIR)/manifest.json: | $(VENV)/.installed
 	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import logging
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,8 @@ from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
 from training.data import find_source_dir, read_stsb
 from training.default_model import model_label, resolve_model
 from training.encoder import POOLINGS, SentenceEncoder
+
+log = logging.getLogger("sembed.export")
 
 OPSET = 17
 OUTPUTS = ["embedding", "embedding_raw"]  # L2-normalised, and as pooled (for normalize=false)
@@ -121,7 +124,9 @@ def export_onnx(
     A CrossEncoder exports as a pair scorer (manifest kind "cross-encoder"). Beside an embedding
     model's fp32 graph, int8 and fp16 variants (training/quantize.py) with their measured quality: one
     whose mean cosine to fp32 is under `min_cosine` on the short sentences or on the long passages, or,
-    given a `data_dir` holding STS-B dev, that loses more than `max_stsb_drop` Spearman points, is left out.
+    given a `data_dir` holding STS-B dev, that loses more than `max_stsb_drop` Spearman points, is left out;
+    so is one whose building or measuring fails for any reason. The manifest's `variants` lists the graphs
+    written, its `variants_left_out` the others asked for, each with why; the fp32 graph is always written.
     """
     out_dir = Path(out_dir)
     if isinstance(encoder, CrossEncoder):
@@ -162,7 +167,10 @@ def export_onnx(
         )
         manifest.save(staging)
         manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
-        manifest.variants.update(_variants(encoder, staging, data_dir, max_stsb_drop, min_cosine, int8, fp16))
+        kept, left_out = _variants(encoder, staging, data_dir, max_stsb_drop, min_cosine, int8, fp16)
+        manifest.variants.update(kept)
+        # variant → why it is not in `variants` (an extra field: manifests without it load as before)
+        manifest.variants_left_out = left_out
         manifest.save(staging)
     return manifest
 
@@ -283,39 +291,71 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
 
 
 def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
-              int8: bool, fp16: bool) -> dict[str, Any]:
+              int8: bool, fp16: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The int8 and fp16 graphs beside fp32, from one pass of transformer fusions, each with its quality
-    measured here against fp32 (training/quantize.py); one that fails `quantize.check` is not written."""
+    measured here against fp32 (training/quantize.py), and the variants left out with why.
+
+    Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
+    anything at all (a converter bug of one onnxruntime release, say), is left out with a warning, and the
+    others and the verified fp32 graph are written all the same."""
     builders = {name: (file, build) for name, file, build, wanted in (
         ("int8", quantize.INT8_FILE, quantize.build_int8, int8),
         ("fp16", quantize.FP16_FILE, quantize.build_fp16, fp16)) if wanted}
+    left_out: dict[str, str] = {}
+
+    def leave_out(name: str, reason: str, error: Exception | None = None) -> None:
+        left_out[name] = reason
+        (staging / builders[name][0]).unlink(missing_ok=True)
+        print(f"{name} variant left out: {reason}", file=sys.stderr)
+        # a traceback only for the unexpected: a refused quality gate says all there is in its reason
+        log.warning("%s variant left out: %s", name, reason, exc_info=error)
+
     if not builders:
-        return {}
+        return {}, left_out
     config = encoder.transformer.config
     fused = staging / ".fused.onnx"
-    try:
-        source = quantize.fuse(staging / GRAPH_FILE, fused, config.num_attention_heads, config.hidden_size)
-        for file, build in builders.values():
-            build(source, staging / file)
+    try:  # 0: the fuser reads heads and hidden size from the graph, for a config that names them otherwise
+        source = quantize.fuse(staging / GRAPH_FILE, fused, getattr(config, "num_attention_heads", 0),
+                               getattr(config, "hidden_size", 0))
+        for name, (file, build) in builders.items():
+            try:
+                build(source, staging / file)
+            except Exception as e:
+                leave_out(name, f"building it failed ({_describe(e)})", e)
     finally:
         fused.unlink(missing_ok=True)
-    stsb_dev = _stsb_dev(data_dir)
-    reference = quantize.Reference(staging, stsb_dev)
+    built = [name for name in builders if name not in left_out]
+    if not built:
+        return {}, left_out
+    try:
+        stsb_dev = _stsb_dev(data_dir)
+        reference = quantize.Reference(staging, stsb_dev)
+    except Exception as e:  # nothing to measure the variants against: none is kept unmeasured
+        for name in built:
+            leave_out(name, f"measuring fp32's reference vectors failed ({_describe(e)})", e)
+        return {}, left_out
     entries = {}
-    for name, (file, _) in builders.items():
+    for name in built:
+        file = builders[name][0]
         path = staging / file
-        quality = quantize.measure(staging, file, stsb_dev, reference)
-        if name == "fp16":
-            float32_ops = quantize.cpu_float32_ops(path)
-            quality.update(cpu_float32_ops=float32_ops, note=quantize.fp16_note(float32_ops))
         try:
+            quality = quantize.measure(staging, file, stsb_dev, reference)
+            if name == "fp16":
+                float32_ops = quantize.cpu_float32_ops(path)
+                quality.update(cpu_float32_ops=float32_ops, note=quantize.fp16_note(float32_ops))
             quantize.check(quality, max_stsb_drop, min_cosine, variant=name)
         except quantize.QualityError as e:
-            print(f"{name} variant left out: {e}", file=sys.stderr)
-            path.unlink()
+            leave_out(name, str(e))
+            continue
+        except Exception as e:
+            leave_out(name, f"measuring it failed ({_describe(e)})", e)
             continue
         entries[name] = {"file": file, "sha256": sha256_file(path), "quality": quality}
-    return entries
+    return entries, left_out
+
+
+def _describe(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}".strip().rstrip(":")
 
 
 def _stsb_dev(data_dir) -> list[tuple[str, str, float]] | None:
@@ -362,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f} (short sentences), "
                   f"{q['mean_cosine_to_fp32_long']:.4f} (long passages), STS-B dev Spearman {delta}"
                   f" (measured on {q['measured_on']})")
+    for variant, reason in (getattr(manifest, "variants_left_out", None) or {}).items():
+        print(f"  {variant}: left out ({reason})")
     print(f"serve it with: MODEL_DIR={args.out} make serve")
     return 0
 

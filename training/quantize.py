@@ -291,7 +291,42 @@ def build_fp16(source: Path, out: Path) -> None:
 
     model = OnnxModel(onnx.load(str(source)))
     model.convert_float_to_float16(keep_io_types=True, node_block_list=_after_the_transformer(model.model.graph))
-    model.save_model_to_file(str(out))
+    _drop_repeated_nodes(model.model.graph)
+    model.save_model_to_file(str(out))  # sorts the nodes topologically, as the checker wants them
+    onnx.checker.check_model(str(out))  # an invalid graph fails here, named, not when the service loads it
+
+
+def _drop_repeated_nodes(graph) -> int:
+    """Remove nodes that repeat an earlier one exactly (name, inputs, outputs, attributes), and repeated
+    value_info; the count of nodes removed.
+
+    onnxruntime 1.31's float16 conversion (`onnxruntime.transformers.float16`) gives each float32 node it
+    keeps a Cast of each float16 input back to float32, named after the input alone
+    (`<input>_cast_to_fp32_node`, output `<input>_cast_to_fp32`): a tensor that two kept nodes read (the
+    pooling's float attention mask: ReduceSum and Unsqueeze) gets two identical Casts, one name and one
+    output defined twice, which onnxruntime refuses to load ("two nodes with same node name"). Both
+    readers read that one output, so one Cast serves both: the graph is then the one onnxruntime 1.32 builds
+    (same nodes, initializers and value_info on the default model). Nodes that share a name or an output but
+    differ are a real conflict, left for the checker to report."""
+    removed = _drop_repeats(graph.node)
+    _drop_repeats(graph.value_info)  # the conversion also records the repeated Cast's output twice
+    if removed:
+        log.info("fp16: dropped %d repeated node(s) that the float16 conversion added", removed)
+    return removed
+
+
+def _drop_repeats(entries) -> int:
+    """Delete the protobuf entries that repeat an earlier one byte for byte; how many."""
+    seen: set[bytes] = set()
+    repeats = []
+    for i, entry in enumerate(entries):
+        key = entry.SerializeToString(deterministic=True)
+        if key in seen:
+            repeats.append(i)
+        seen.add(key)
+    for i in reversed(repeats):
+        del entries[i]
+    return len(repeats)
 
 
 def _after_the_transformer(graph) -> list[str]:

@@ -1,0 +1,206 @@
+"""Each variant of an export stands alone: one that fails for any reason is left out, named, with why; fp32 and
+the other variants are written all the same. And the fp16 build yields a graph onnxruntime loads (1.31's float16
+conversion repeated a Cast when two float32-kept nodes read one float16 tensor)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from service.backends.onnx import OnnxBackend
+from service.manifest import Manifest
+from training import quantize
+from training.encoder import SentenceEncoder
+from training.export import PARITY_SENTENCES, export_onnx
+
+
+def _boom(message: str):
+    def build(source: Path, out: Path) -> None:
+        out.write_bytes(b"half-written graph")  # a failure midway must not leave its file behind
+        raise RuntimeError(message)
+
+    return build
+
+
+@pytest.fixture
+def encoder(tiny_model_dir) -> SentenceEncoder:
+    return SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+
+
+def _assert_fp32_served(export_dir: Path, encoder: SentenceEncoder) -> None:
+    backend = OnnxBackend(export_dir)  # checks fp32's sha256 against the manifest
+    backend.self_check()
+    assert np.abs(backend.encode(PARITY_SENTENCES) - encoder.encode(PARITY_SENTENCES)).max() <= 1e-4
+
+
+def test_an_fp16_build_that_raises_leaves_fp32_and_int8(encoder, tmp_path, monkeypatch, capsys, caplog):
+    monkeypatch.setattr(quantize, "build_fp16", _boom("two nodes with same node name (X_cast_to_fp32_node)"))
+    out = tmp_path / "e"
+    with caplog.at_level(logging.WARNING, logger="sembed.export"):
+        manifest = export_onnx(encoder, out)
+
+    assert set(manifest.variants) == {"fp32", "int8"}
+    reason = "building it failed (RuntimeError: two nodes with same node name (X_cast_to_fp32_node))"
+    assert manifest.variants_left_out == {"fp16": reason}
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int8.onnx", "model.onnx"]
+    # what was written is what the manifest on disk says, and it loads through the service's model
+    on_disk = Manifest.load(out)
+    assert set(on_disk.variants) == {"fp32", "int8"} and on_disk.variants_left_out == {"fp16": reason}
+    _assert_fp32_served(out, encoder)
+    OnnxBackend(out, variant="int8").self_check()
+    # the warning names the variant and why, on stderr and through logging (with the traceback)
+    assert f"fp16 variant left out: {reason}" in capsys.readouterr().err
+    (record,) = [r for r in caplog.records if "variant left out" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.getMessage() == f"fp16 variant left out: {reason}"
+    assert record.exc_info and isinstance(record.exc_info[1], RuntimeError)
+
+
+def test_an_int8_build_that_raises_leaves_fp32_and_fp16(encoder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(quantize, "build_int8", _boom("quantizer crashed"))
+    manifest = export_onnx(encoder, tmp_path / "e")
+    assert set(manifest.variants) == {"fp32", "fp16"}
+    assert set(manifest.variants_left_out) == {"int8"} and "quantizer crashed" in manifest.variants_left_out["int8"]
+    assert not (tmp_path / "e" / "model.int8.onnx").exists()
+    assert manifest.variants["fp16"]["quality"]["mean_cosine_to_fp32"] >= 0.99  # still measured and gated
+    assert "int8 variant left out: building it failed (RuntimeError: quantizer crashed)" in capsys.readouterr().err
+    OnnxBackend(tmp_path / "e", variant="fp16").self_check()
+
+
+def test_both_builds_raising_still_export_fp32(encoder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(quantize, "build_int8", _boom("no int8"))
+    monkeypatch.setattr(quantize, "build_fp16", _boom("no fp16"))
+    manifest = export_onnx(encoder, tmp_path / "e")
+    assert set(manifest.variants) == {"fp32"} and set(manifest.variants_left_out) == {"int8", "fp16"}
+    assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
+    assert not list(tmp_path.glob(".e-*"))  # no staging folder left behind
+    err = capsys.readouterr().err
+    assert "int8 variant left out" in err and "fp16 variant left out" in err
+    _assert_fp32_served(tmp_path / "e", encoder)
+
+
+def test_a_variant_whose_measuring_raises_is_left_out(encoder, tmp_path, monkeypatch, capsys):
+    def broken(graph: Path) -> list[str]:
+        raise ValueError("cannot read the graph onnxruntime would run")
+
+    monkeypatch.setattr(quantize, "cpu_float32_ops", broken)  # measured for fp16 only
+    manifest = export_onnx(encoder, tmp_path / "e")
+    assert set(manifest.variants) == {"fp32", "int8"}
+    assert manifest.variants_left_out == {
+        "fp16": "measuring it failed (ValueError: cannot read the graph onnxruntime would run)"}
+    assert not (tmp_path / "e" / "model.fp16.onnx").exists()
+    assert "fp16 variant left out: measuring it failed" in capsys.readouterr().err
+
+
+def test_no_reference_to_measure_against_leaves_every_variant_out(encoder, tmp_path, monkeypatch):
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(quantize, "Reference", Broken)
+    manifest = export_onnx(encoder, tmp_path / "e")
+    assert set(manifest.variants) == {"fp32"}
+    assert manifest.variants_left_out == {
+        name: "measuring fp32's reference vectors failed (OSError: disk full)" for name in ("int8", "fp16")}
+    assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
+
+
+def test_a_quality_refusal_is_recorded_with_its_reason(encoder, tmp_path):
+    manifest = export_onnx(encoder, tmp_path / "e", min_cosine=1.01)  # no graph is that close
+    assert set(manifest.variants) == {"fp32"}
+    assert manifest.variants_left_out["int8"].startswith("int8: its mean cosine to fp32 on the short sentences")
+    assert "(below 1.01)" in manifest.variants_left_out["fp16"]
+
+
+def test_nothing_left_out_is_recorded_as_such_and_not_asked_for_is_not_left_out(encoder, tmp_path):
+    assert export_onnx(encoder, tmp_path / "all").variants_left_out == {}
+    plain = export_onnx(encoder, tmp_path / "plain", int8=False, fp16=False)
+    assert set(plain.variants) == {"fp32"} and plain.variants_left_out == {}
+    # an export from before the field still loads, without it
+    record = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    del record["variants_left_out"]
+    (tmp_path / "plain" / "manifest.json").write_text(json.dumps(record))
+    assert getattr(Manifest.load(tmp_path / "plain"), "variants_left_out", None) is None
+
+
+def test_the_cli_names_what_was_left_out(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from training.export import main
+
+    monkeypatch.setattr(quantize, "build_fp16", _boom("boom"))
+    assert main(["--model", str(tiny_model_dir), "--out", str(tmp_path / "cli"), "--no-int8"]) == 0
+    out = capsys.readouterr().out
+    assert "fp16: left out (building it failed (RuntimeError: boom))" in out and "make serve" in out
+
+
+# --- fp16: the float16 conversion's repeated Cast -----------------------------------------------------------------
+
+
+def _pooled_graph(path: Path) -> None:
+    """A LayerNorm (the "transformer", converted to float16), then a masked mean whose float mask two nodes read
+    (Unsqueeze and ReduceSum, both after the last LayerNorm, so kept float32): the shape that made onnxruntime 1.31's
+    float16 conversion add two identical Casts of the mask."""
+    dim = 8
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("scale", TensorProto.FLOAT, [dim], rng.normal(1, 0.1, dim).tolist()),
+             helper.make_tensor("bias", TensorProto.FLOAT, [dim], rng.normal(0, 0.1, dim).tolist()),
+             helper.make_tensor("axes", TensorProto.INT64, [1], [1])]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["h"], name="ln", axis=-1),
+        helper.make_node("Cast", ["mask"], ["m"], name="mask_cast", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["m", "minus1"], ["m3"], name="unsqueeze"),
+        helper.make_node("Mul", ["h", "m3"], ["hm"], name="mul"),
+        helper.make_node("ReduceSum", ["hm", "axes"], ["total"], name="sum_h", keepdims=0),
+        helper.make_node("ReduceSum", ["m", "axes"], ["count"], name="sum_m", keepdims=1),
+        helper.make_node("Div", ["total", "count"], ["pooled"], name="mean"),
+    ]
+    inits.append(helper.make_tensor("minus1", TensorProto.INT64, [1], [-1]))
+    graph = helper.make_graph(
+        nodes, "pooled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", dim]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", dim])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # ORT reads IR <= 13
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def test_build_fp16_gives_a_loadable_graph_when_two_float32_nodes_read_one_tensor(tmp_path):
+    import onnxruntime as ort
+
+    _pooled_graph(tmp_path / "fp32.onnx")
+    quantize.build_fp16(tmp_path / "fp32.onnx", tmp_path / "fp16.onnx")
+
+    graph = onnx.load(str(tmp_path / "fp16.onnx")).graph
+    names = [n.name for n in graph.node]
+    outputs = [o for n in graph.node for o in n.output]
+    assert len(names) == len(set(names)) and len(outputs) == len(set(outputs))
+    assert next(n for n in graph.node if n.name == "ln").op_type == "LayerNormalization"
+    assert {i.name: i.data_type for i in graph.initializer}["scale"] == TensorProto.FLOAT16  # really converted
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 5, 8)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=np.int64)
+    feeds = {"x": x, "mask": mask}
+    run = {name: ort.InferenceSession(str(tmp_path / name), providers=["CPUExecutionProvider"])
+           for name in ("fp32.onnx", "fp16.onnx")}  # onnxruntime refused the repeated Cast here
+    (expected,), (got,) = (run[name].run(None, feeds) for name in ("fp32.onnx", "fp16.onnx"))
+    assert got.dtype == np.float32
+    assert not np.array_equal(got, expected) and np.abs(got - expected).max() < 1e-2  # float16, and close
+
+
+def test_drop_repeated_nodes_removes_exact_repeats_only():
+    cast = helper.make_node("Cast", ["m"], ["m_cast_to_fp32"], name="m_cast_to_fp32_node", to=TensorProto.FLOAT)
+    other = helper.make_node("Cast", ["n"], ["n_cast_to_fp32"], name="n_cast_to_fp32_node", to=TensorProto.FLOAT)
+    info = helper.make_tensor_value_info("m_cast_to_fp32", TensorProto.FLOAT, ["batch"])
+    graph = helper.make_graph([cast, other, cast], "g", [], [], value_info=[info, info])
+    assert quantize._drop_repeated_nodes(graph) == 1
+    assert [n.name for n in graph.node] == ["m_cast_to_fp32_node", "n_cast_to_fp32_node"]
+    assert [v.name for v in graph.value_info] == ["m_cast_to_fp32"]
+    # same name, different node: a real conflict, not ours to resolve
+    clash = helper.make_node("Cast", ["k"], ["m_cast_to_fp32"], name="m_cast_to_fp32_node", to=TensorProto.FLOAT)
+    graph.node.append(clash)
+    assert quantize._drop_repeated_nodes(graph) == 0 and len(graph.node) == 3
