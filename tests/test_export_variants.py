@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from service.backends.onnx import OnnxBackend
+from service.engine.backends.onnx import OnnxBackend
 from service.manifest import Manifest
 from training import quantize
 from training.encoder import SentenceEncoder

@@ -57,7 +57,8 @@ def service(tmp_path):
     port = _free_port()
     env = {**os.environ, "SEMBED_BACKEND": "fake", "SEMBED_MODEL_DIR": str(tmp_path / "fake-model"),
            "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1", "SEMBED_API_WORKERS": "2",
-           "SEMBED_INDEX_PATH": str(tmp_path / "index"), "SEMBED_DRAIN_DELAY_S": "0.2", "SEMBED_ACCESS_LOG": "false"}
+           "SEMBED_INDEX_PATH": str(tmp_path / "index"), "SEMBED_DRAIN_DELAY_S": "0.2", "SEMBED_ACCESS_LOG": "false",
+           "SEMBED_MODELS_ROOT": str(tmp_path), "SEMBED_ADMIN_API_KEYS": "admin-key"}
     log = open(tmp_path / "service.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -130,3 +131,20 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(service):
         load.join(20)
     assert service.wait(30) == 0, Path(service.log).read_text()[-3000:]
     assert answers and all(s == 200 for s in answers), answers
+
+
+def test_a_reload_moves_every_api_process_to_a_new_engine_process(service):
+    old = next(pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine"))
+    with httpx.Client(base_url=service.url, timeout=60) as c:
+        before = c.post("/embed", json={"inputs": "same text"}).json()
+        r = c.post("/admin/models/fake-model/reload", json={"export": "v2"},
+                   headers={"Authorization": "Bearer admin-key"})
+        assert r.status_code == 200 and r.json()["serving"] == "v2", r.text
+        for _ in range(6):  # whichever API process answers, it serves the new model
+            assert c.get("/info").json()["model_id"] == "v2"
+        assert c.post("/embed", json={"inputs": "same text"}).json() == before  # the fake's vectors: by tokens
+    deadline = time.monotonic() + 30
+    while old in _titles(service.pid) and time.monotonic() < deadline:  # the old engine drains and exits
+        time.sleep(0.1)
+    engines = [t for t in _titles(service.pid).values() if t.startswith("sembed: engine")]
+    assert old not in _titles(service.pid) and engines == ["sembed: engine fake-model cpu"]

@@ -195,7 +195,7 @@ def check_onnxruntime_cuda(gpus: list[str], model_dir: Path | None = None) -> Re
 
 def _export_on_cuda(model_dir: Path) -> str:
     """Every variant of an export on CUDA: golden check, and cosine to fp32 on the CPU (raises on a failure)."""
-    from service.backends.onnx import OnnxBackend
+    from service.engine.backends.onnx import OnnxBackend
     from service.manifest import Manifest
 
     texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday.", "naïve café déjà-vu"]
