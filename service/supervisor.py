@@ -233,14 +233,16 @@ class Supervisor:
             old = [c for c in self.children if c.title == child.title and c is not child]
             for c in old:
                 self.children.remove(c)
-        for c in old:  # it drains what it holds, then exits
+        for c in old:  # it drains what it holds, then exits (joined, so it leaves no zombie)
             c.process.terminate()
+            threading.Thread(target=c.process.join, daemon=True).start()
         return {"switched": token, "unacknowledged": waiting}
 
     def _discard(self, request: dict, events, acks) -> dict:
         staged = self.staged.pop(request["token"], None)
         if staged is not None:
             staged[1].process.terminate()
+            threading.Thread(target=staged[1].process.join, daemon=True).start()
         return {}
 
     def _on_signal(self, signum, frame) -> None:
