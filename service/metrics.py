@@ -34,6 +34,10 @@ class ApiMetrics:
                                               buckets=LATENCY_BUCKETS, registry=r)
         self.index_documents = Gauge("sembed_index_documents", "documents in the default collection", registry=r,
                                      multiprocess_mode="mostrecent")
+        self._also: list[CollectorRegistry] = []  # engines run in this process (tests, tools)
+
+    def include(self, registry: CollectorRegistry) -> None:
+        self._also.append(registry)
 
     def exposition(self) -> bytes:
         """Every process's samples when running under the supervisor, else this instance's own."""
@@ -41,7 +45,7 @@ class ApiMetrics:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in (self.registry, *self._also))
 
 
 class EngineMetrics:

@@ -23,8 +23,10 @@ class Settings(BaseSettings):
                                                      "dimension, no model compute (measures the server itself); "
                                                      "fake: a model-free backend for tests")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
-    variant: Literal["fp32", "int8", "fp16"] = Field("fp32", description="which graph of the export to run; "
-                                                     "the export's manifest lists what it has")
+    variant: Literal["fp32", "int8", "fp16"] | None = Field(None, description="which graph of the export to run "
+                                                            "(its manifest lists what it has); unset: fp16 on cuda "
+                                                            "where the export has one (written only when it passed "
+                                                            "its quality gate), else fp32")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
     intra_op_spinning: bool = Field(True, description="onnxruntime threads busy-wait within a pass (never "
                                     "between passes, where HTTP needs the CPU): short passes gain most (README)")

@@ -44,6 +44,18 @@ def _title(title: str) -> None:
     import setproctitle
 
     setproctitle.setproctitle(title)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A child of a supervisor that was killed outright goes too, rather than keep serving unsupervised
+    (holding the port and the index files a restarted supervisor needs)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still stops them
+        pass
 
 
 def _logging() -> None:

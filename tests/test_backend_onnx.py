@@ -18,7 +18,7 @@ def test_a_text_gets_the_same_bits_alone_and_in_any_batch(backend):
     rng = np.random.default_rng(1)
     words = "the cat sat on a mat while dogs bark loudly at night near old houses in quiet towns".split()
     texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(1, 90, 40)]
-    items = backend.tokenize(texts)
+    items = backend._items(texts)
     m = backend.pad_to_multiple_of
     alone = [backend.run([it], padded_length(it.length, m))[0][0] for it in items]
     for _ in range(12):
@@ -55,11 +55,16 @@ def test_physical_cores_counts_hyperthreads_once(tmp_path, monkeypatch):
     assert physical_cores(tmp_path) == 1
 
 
-def test_tokenize_gives_the_tokenizers_ids(backend):
+def test_tokenize_gives_the_tokenizers_ids(backend, default_export):
     texts = ["A man is playing a guitar.", "naïve café — 東京", "x " * 400]
-    full = backend.tokenizer.encode_batch(texts)
-    assert [t.ids for t in backend.tokenize(texts)] == [e.ids for e in full]
-    assert backend.tokenize(texts)[2].original_tokens == 402
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(default_export / "tokenizer.json"))
+    reference.no_padding()
+    reference.enable_truncation(256)
+    batch, original = backend.tokenizer.encode(texts)
+    assert [batch.row(i).tolist() for i in range(len(texts))] == [e.ids for e in reference.encode_batch(texts)]
+    assert original.tolist()[2] == 402 and batch.ids.dtype == np.int32
 
 
 def test_padding_multiple_is_calibrated_for_this_cpu(backend, default_export):
@@ -78,9 +83,8 @@ def test_cuda_asked_for_and_absent_fails_loudly(default_export):
 
 
 def test_truncation_is_reported_with_the_original_token_count(backend):
-    long, short = backend.tokenize(["word " * 300, "a short one"])
-    assert long.length == 256 and long.truncated and long.original_tokens == 302
-    assert short.length == short.original_tokens == 5 and not short.truncated
+    batch, original = backend.tokenizer.encode(["word " * 300, "a short one"])
+    assert batch.lengths.tolist() == [256, 5] and original.tolist() == [302, 5]
 
 
 def test_health_runs_a_real_forward_pass(backend):
@@ -136,3 +140,20 @@ def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export,
     # its golden vectors were recorded on the export's CPU: a GPU's float16 kernels round differently
     assert backend._golden_tolerance == OTHER_DEVICE_GOLDEN_TOLERANCE > GOLDEN_TOLERANCE
     assert OnnxBackend(default_export, variant="fp16", pad_to_multiple_of=1)._golden_tolerance == GOLDEN_TOLERANCE
+
+
+def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_export, tmp_path):
+    import json
+    import shutil
+
+    from service.engine.server import choose_variant
+    from service.settings import Settings
+
+    assert choose_variant(Settings(model_dir=default_export), default_export) == "fp32"
+    assert choose_variant(Settings(model_dir=default_export, device="cuda"), default_export) == "fp16"
+    assert choose_variant(Settings(model_dir=default_export, device="cuda", variant="fp32"), default_export) == "fp32"
+    shutil.copytree(default_export, tmp_path / "e")  # an export whose fp16 failed its gate lists none
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    del manifest["variants"]["fp16"]
+    (tmp_path / "e" / "manifest.json").write_text(json.dumps(manifest))
+    assert choose_variant(Settings(model_dir=tmp_path / "e", device="cuda"), tmp_path / "e") == "fp32"

@@ -73,7 +73,7 @@ def test_a_manifest_newer_than_the_service_is_refused_and_version_1_still_loads(
 def test_truncation_follows_the_model_max_length(default_export):
     encoder = OnnxBackend(default_export)
     long = " ".join(["word"] * 1000)
-    assert len(encoder.tokenizer.encode(long).ids) == 256
+    assert encoder.tokenizer.encode([long])[0].lengths.tolist() == [256]
     # Everything past 256 tokens is cut, so a longer tail changes nothing.
     a, b = encoder.encode([long, long + " completely different ending"])
     assert np.abs(a - b).max() < 1e-6

@@ -79,7 +79,8 @@ def test_an_integer_of_thousands_of_digits_is_a_400_not_a_crash():
     registry.add_in_process("fake", Engine(FakeBackend()))
     with TestClient(create_app(Settings(backend="fake"), registry)) as c:
         for path in ("/embed", "/v1/embeddings", "/"):
-            r = c.post(path, content=b'{"inputs": ' + b"9" * 10_000 + b"}", headers={"content-type": "application/json"})
+            body = b'{"inputs": ' + b"9" * 10_000 + b"}"
+            r = c.post(path, content=body, headers={"content-type": "application/json"})
             assert r.status_code == 400 and "could not be parsed" in r.text, (path, r.text)
 
 

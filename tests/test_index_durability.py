@@ -630,6 +630,7 @@ signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed children are reaped at o
 for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
+        os.setsid()  # the supervisor and its processes: one group, killed together
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.dup2(2, 1)  # stdout is the pid channel: the server logs to the log file
         try:
@@ -720,8 +721,12 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         return pid
 
     def kill(pid: int) -> None:
-        os.kill(pid, signal.SIGKILL)
-        while os.path.exists(f"/proc/{pid}"):
+        os.killpg(pid, signal.SIGKILL)  # every process of the service at once, the index writer among them
+        while True:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                break
             time.sleep(0.01)
         children.remove(pid)  # gone: its number may be given to another process
 
@@ -770,7 +775,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         zygote.stdin.close()
         for child in children:
             try:
-                os.kill(child, signal.SIGKILL)
+                os.killpg(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         zygote.wait(timeout=30)

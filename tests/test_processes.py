@@ -84,7 +84,8 @@ def test_each_process_names_its_role_and_the_routes_work_across_them(service):
         assert len(vectors) == 2 and len(vectors[0]) == 8
         # writes go to the one index process whichever API process takes them; every API process reads them
         for i in range(6):
-            assert c.post("/index/documents", json={"documents": [{"id": f"d{i}", "text": f"doc {i}"}]}).status_code == 200
+            added = c.post("/index/documents", json={"documents": [{"id": f"d{i}", "text": f"doc {i}"}]})
+            assert added.status_code == 200
         for _ in range(6):
             assert c.post("/search", json={"query": "doc 3", "k": 1}).json()["results"][0][0]["id"] == "d3"
         metrics = c.get("/metrics").text  # every process's samples, under one name each

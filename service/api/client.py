@@ -85,6 +85,7 @@ class ZmqEngineClient:
         self._socket: zmq.asyncio.Socket | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
+        self._sent_to: dict[int, int | None] = {}  # request id → the engine pid it was sent to
         self._tasks: list[asyncio.Task] = []
         self._last_pong = 0.0
         self._engine_ready = False
@@ -144,6 +145,7 @@ class ZmqEngineClient:
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._sent_to[request_id] = self.engine_pid
         try:
             try:
                 await self._socket.send_multipart([pack({**header, "id": request_id}), *(frames or [])],
@@ -159,6 +161,7 @@ class ZmqEngineClient:
             raise
         finally:
             self._pending.pop(request_id, None)
+            self._sent_to.pop(request_id, None)
         if "error" in reply:
             raise_error(reply)
         return reply, frames
@@ -171,7 +174,9 @@ class ZmqEngineClient:
                 self._last_pong = time.monotonic()
                 self._engine_ready = header["ready"]
                 if header["pid"] != self.engine_pid and self.engine_pid is not None:
+                    # a restarted engine never saw what was sent to the one that died: fail those now
                     log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
+                    self._fail_pending("the engine process was restarted", sent_to=self.engine_pid)
                     self.engine_pid = header["pid"]
                 continue
             future = self._pending.get(header.get("id"))
@@ -186,7 +191,7 @@ class ZmqEngineClient:
             if self._pending and time.monotonic() - self._last_pong > DEAD_AFTER_S:
                 self._fail_pending(f"the engine at {self.endpoint} stopped answering (it is being restarted)")
 
-    def _fail_pending(self, message: str) -> None:
-        for future in list(self._pending.values()):
-            if not future.done():
+    def _fail_pending(self, message: str, sent_to: int | None = None) -> None:
+        for request_id, future in list(self._pending.items()):
+            if not future.done() and (sent_to is None or self._sent_to.get(request_id) == sent_to):
                 future.set_exception(EngineUnavailable(message))

@@ -137,6 +137,7 @@ class ModelRegistry:
         """An engine running in this process (tests, tools), with its backend's tokenizer unless given."""
         if not engine.ready:
             engine.start()
+        self.metrics.include(engine.metrics.registry)
         return self.add(name, InProcessEngineClient(engine), tokenizer or engine.backend.tokenizer)
 
     def replace(self, name: str, model: ServedModel) -> ServedModel:

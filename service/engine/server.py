@@ -26,6 +26,7 @@ import zmq.asyncio
 from service.engine.backends import create_backend
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.ipc.messages import EngineError, batch_from_frames, error_header, pack, unpack
+from service.manifest import Manifest
 from service.metrics import EngineMetrics
 from service.settings import Settings
 
@@ -117,11 +118,21 @@ def engine_config(settings: Settings) -> EngineConfig:
                         request_timeout_s=settings.request_timeout_s, prefetch=settings.device == "cuda")
 
 
+def choose_variant(settings: Settings, export_dir: str | Path) -> str:
+    """The variant asked for; unset, fp16 on a GPU when the export has one (only a variant that passed its
+    quality gate is in the manifest), else fp32."""
+    if settings.variant is not None:
+        return settings.variant
+    if settings.device == "cuda" and settings.backend == "onnx":
+        return "fp16" if "fp16" in (Manifest.load(Path(export_dir)).variants or {}) else "fp32"
+    return "fp32"
+
+
 def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetrics | None = None) -> Engine:
     """Load, warm and verify one export, and time a pass for admission (slow)."""
     backend = create_backend(settings.backend, export_dir, device=settings.device,
                              intra_op_threads=settings.intra_op_threads, pad_to_multiple_of=settings.pad_to_multiple_of,
-                             variant=settings.variant, spin=settings.intra_op_spinning)
+                             variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning)
     backend.warmup()
     if hasattr(backend, "self_check"):
         backend.self_check()  # never ready on an export that does not give its recorded vectors

@@ -9,7 +9,6 @@ command line while the service is stopped:
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 
 import numpy as np
@@ -36,10 +35,8 @@ def reembed(index: VectorIndex, name: str, stamp: ModelStamp, dimension: int, em
 
 
 def main(argv: list[str] | None = None) -> None:
+    from service.engine.backends.onnx import OnnxBackend
     from service.index.local import LocalIndex
-    from service.metrics import Metrics
-    from service.registry import load_engine
-    from service.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index-path", required=True, help="the stopped service's SEMBED_INDEX_PATH")
@@ -49,24 +46,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", default="fp32")
     args = parser.parse_args(argv)
 
-    settings = Settings(model_dir=args.model_dir, variant=args.variant)
-    engine = load_engine(settings, settings.model_dir, Metrics())
-    engine.start()
+    backend = OnnxBackend(args.model_dir, variant=args.variant)  # with the service stopped: in this process
+    backend.self_check()
     index = LocalIndex(args.index_path)
     try:
-        stamp = ModelStamp(args.name or engine.info.model, engine.info.graph_sha256)
+        stamp = ModelStamp(args.name or backend.info.model, backend.info.graph_sha256)
         names = args.collection or [c.name for c in index.list_collections() if c.model is not None]
-        loop = asyncio.new_event_loop()
-
-        def embed(texts: list[str]) -> np.ndarray:
-            return loop.run_until_complete(engine.embed(texts)).vectors
-
         for name in names:
-            result = reembed(index, name, stamp, engine.info.dimension, embed)
+            result = reembed(index, name, stamp, backend.info.dimension, backend.encode)
             print(f"{name}: {result.total} documents re-embedded with {stamp.describe()} (sequence {result.sequence})")
     finally:
         index.close()
-        engine.stop()
 
 
 if __name__ == "__main__":
