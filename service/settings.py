@@ -27,6 +27,8 @@ class Settings(BaseSettings):
                                                             "(its manifest lists what it has); unset: fp16 on cuda "
                                                             "where the export has one (written only when it passed "
                                                             "its quality gate), else fp32")
+    tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "
+                           "the export); fails at start where TensorRT is not installed")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
     intra_op_spinning: bool = Field(True, description="onnxruntime threads busy-wait within a pass (never "
                                     "between passes, where HTTP needs the CPU): short passes gain most (README)")

@@ -134,8 +134,9 @@ def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export,
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr(ort, "InferenceSession", Session)
+    monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
     backend = OnnxBackend(default_export, device="cuda", variant="fp16")
-    assert asked["path"].endswith("model.fp16.onnx") and asked["providers"][0] == "CUDAExecutionProvider"
+    assert asked["path"].endswith("model.fp16.onnx") and asked["providers"][0][0] == "CUDAExecutionProvider"
     assert backend.info.variant == "fp16" and backend.pad_to_multiple_of == 8
     # its golden vectors were recorded on the export's CPU: a GPU's float16 kernels round differently
     assert backend._golden_tolerance == OTHER_DEVICE_GOLDEN_TOLERANCE > GOLDEN_TOLERANCE
@@ -157,3 +158,15 @@ def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_expo
     del manifest["variants"]["fp16"]
     (tmp_path / "e" / "manifest.json").write_text(json.dumps(manifest))
     assert choose_variant(Settings(model_dir=tmp_path / "e", device="cuda"), tmp_path / "e") == "fp32"
+
+
+def test_tensorrt_asked_for_and_absent_fails_loudly(default_export, monkeypatch):
+    import onnxruntime as ort
+
+    if "TensorrtExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has TensorRT")
+    # past the CUDA check (a CPU machine has none): TensorRT's own check must speak
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
+    with pytest.raises(RuntimeError, match="tensorrt asked for but onnxruntime offers only"):
+        OnnxBackend(default_export, device="cuda", tensorrt=True)

@@ -132,7 +132,8 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
     """Load, warm and verify one export, and time a pass for admission (slow)."""
     backend = create_backend(settings.backend, export_dir, device=settings.device,
                              intra_op_threads=settings.intra_op_threads, pad_to_multiple_of=settings.pad_to_multiple_of,
-                             variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning)
+                             variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning,
+                             tensorrt=settings.tensorrt)
     backend.warmup()
     if hasattr(backend, "self_check"):
         backend.self_check()  # never ready on an export that does not give its recorded vectors

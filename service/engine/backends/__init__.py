@@ -10,12 +10,13 @@ __all__ = ["Backend", "BackendError", "Tokenized", "create_backend", "padded_len
 
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
-                   pad_to_multiple_of: int = 0, variant: str = "fp32", spin: bool = False) -> Backend:
+                   pad_to_multiple_of: int = 0, variant: str = "fp32", spin: bool = False,
+                   tensorrt: bool = False) -> Backend:
     if kind == "onnx":
         from service.engine.backends.onnx import OnnxBackend
 
         return OnnxBackend(export_dir, device=device, intra_op_threads=intra_op_threads,
-                           pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin)
+                           pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin, tensorrt=tensorrt)
     if kind == "null":
         from service.engine.backends.null import NullBackend
 

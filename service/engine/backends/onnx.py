@@ -18,6 +18,13 @@ log = logging.getLogger("sembed.backend")
 OUTPUTS = ["embedding", "embedding_raw"]
 
 
+#: CUDA execution provider options that matter for throughput: the arena grows by what a pass asks for
+#: (not doubling, which strands memory after one long pass), copies use the default stream (no
+#: synchronisation between a pass's input copy and its kernels), TF32 matmuls (onnxruntime's default;
+#: within the golden check's tolerance for another device).
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested", "do_copy_in_default_stream": True, "use_tf32": True}
+
+
 class IntegrityError(RuntimeError):
     pass
 
@@ -46,7 +53,7 @@ class OnnxBackend:
 
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
                  pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True,
-                 variant: str = "fp32", graph_file: str | None = None, spin: bool = False):
+                 variant: str = "fp32", graph_file: str | None = None, spin: bool = False, tensorrt: bool = False):
         import onnxruntime as ort
 
         export_dir = Path(export_dir)
@@ -90,7 +97,16 @@ class OnnxBackend:
             if "CUDAExecutionProvider" not in available:
                 raise RuntimeError(f"device=cuda but onnxruntime offers only {available}: "
                                    "install the gpu extra (onnxruntime-gpu) on a machine with CUDA")
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+            if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels, without importing torch
+                ort.preload_dlls()
+            providers = [("CUDAExecutionProvider", CUDA_OPTIONS), "CPUExecutionProvider"]
+            if tensorrt:
+                if "TensorrtExecutionProvider" not in available:
+                    raise RuntimeError(f"tensorrt asked for but onnxruntime offers only {available}: install "
+                                       "TensorRT's libraries where onnxruntime-gpu finds them")
+                providers.insert(0, ("TensorrtExecutionProvider", {"trt_fp16_enable": variant == "fp16",
+                                                                    "trt_engine_cache_enable": True,
+                                                                    "trt_engine_cache_path": str(export_dir / ".trt")}))
         elif device == "cpu":
             providers = ["CPUExecutionProvider"]
         else:
