@@ -18,12 +18,22 @@ from service.index.base import (  # noqa: F401
     VectorIndex,
     WriteResult,
 )
-from service.index.local import LocalIndex  # noqa: F401
+
+
+def __getattr__(name: str):
+    # FAISS loads only where an index lives (the index process, tests, tools), not in every API process
+    if name == "LocalIndex":
+        from service.index.local import LocalIndex
+
+        return LocalIndex
+    raise AttributeError(name)
 
 
 def open_index(backend: str, path=None, uri: str | None = None, **options) -> VectorIndex:
     """`local` (FAISS + write-ahead log under `path`) or `milvus` (a Milvus server or Milvus Lite file at `uri`)."""
     if backend == "local":
+        from service.index.local import LocalIndex
+
         return LocalIndex(path, **options)
     if backend == "milvus":
         from service.index.milvus import MilvusIndex
