@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
+from core.data import PairExample, ScoredPair
 from training.config import make_config
-from training.data import PairExample, ScoredPair
 from training.objectives import METHODS, get_objective
 from training.sampling import MixedLabelBatchSampler, make_batch_sampler
 
@@ -66,7 +66,7 @@ def _examples(method: str) -> list:
 
 def _build(method: str, model_dir: Path):
     """The same objective in every process: fixed seed, no dropout (two forwards must agree), float64."""
-    from training.encoder import SentenceEncoder
+    from core.encoder import SentenceEncoder
 
     torch.manual_seed(0)
     encoder = SentenceEncoder.from_pretrained(model_dir, max_seq_length=32)

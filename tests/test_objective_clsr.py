@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import PairExample
-from training.encoder import SentenceEncoder
+from core.data import PairExample
+from core.encoder import SentenceEncoder
 from training.objectives import clsr as clsr_mod
 from training.objectives import get_objective
 from training.objectives.clsr import CLSR, nt_xent
@@ -260,9 +260,9 @@ def test_training_evaluates_per_epoch_with_lars_and_checkpoints_the_head(tiny_mo
 
 
 def test_paper_preset_is_the_papers_setting(tmp_path):
+    from core.data import load_examples
     from tests.test_training_data import MNLI_ROWS, SNLI_ROWS, _write_nli_jsonl
     from training.config import make_config
-    from training.data import load_examples
 
     cfg = make_config("clsr", "paper")
     assert (cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.epochs, cfg.schedule) == (512, 0.5, 1e-4, 2000, "cosine")

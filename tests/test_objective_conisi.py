@@ -440,7 +440,7 @@ def tiny_roberta_dir(tmp_path_factory):
 
 
 def test_roberta_pairs_use_double_separator(tiny_roberta_dir):
-    from training.encoder import SentenceEncoder
+    from core.encoder import SentenceEncoder
 
     enc = SentenceEncoder.from_pretrained(tiny_roberta_dir, max_seq_length=32)
     obj = ConIsI(enc, strategy="o1")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import ScoredPair
+from core.data import ScoredPair
 from training.objectives import cosent as cosent_mod
 from training.objectives import get_objective
 from training.objectives.cosent import CoSENT, CoSENTCrossEncoder, cosent_loss

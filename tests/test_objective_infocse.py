@@ -10,7 +10,7 @@ import pytest
 import torch
 from numpy_reference import np_info_nce
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 from training.objectives import get_objective
 from training.objectives.infocse import InfoCSE
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 
 st = pytest.importorskip("sentence_transformers")
 

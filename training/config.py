@@ -21,7 +21,7 @@ class TrainConfig:
     preset: str = "quick"
     base_model: str = "default"  # "default" = the embedded all-MiniLM-L6-v2
     data_dir: Path | None = None  # where named sources (stsb, sick, snli) live
-    train_data: str = ""  # a training.data.load_examples source, e.g. "stsb:train", "text:<file>"
+    train_data: str = ""  # a core.data.load_examples source, e.g. "stsb:train", "text:<file>"
     train_limit: int | None = None  # keep the first N training examples
     # The served length (None: the model's own); objectives truncate training text with their max_length.
     max_seq_length: int | None = None

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 
 CONFIG_FILE = "cross_encoder.json"
 HEAD_FILE = "score_head.safetensors"

@@ -22,10 +22,10 @@ import json
 import sys
 from pathlib import Path
 
+from core.default_model import model_label
+from core.encoder import SentenceEncoder
 from training.config import PRESETS, TrainConfig, make_config
 from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
-from training.default_model import model_label
-from training.encoder import SentenceEncoder
 from training.export import export_onnx
 from training.objectives import METHODS
 from training.resume import config_from_json
@@ -53,7 +53,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--base", dest="base_model", help="base model: HF/sentence-transformers dir or hub "
                         "name (default: the preset's; quick = the embedded all-MiniLM-L6-v2)")
     parser.add_argument("--data-dir", type=Path, help="folder holding the training/dev data sources")
-    parser.add_argument("--train-data", help="training source, see training.data.load_examples")
+    parser.add_argument("--train-data", help="training source, see core.data.load_examples")
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--select", help="what picks the best checkpoint: stsb-dev (default), "
                         "retrieval:<BEIR folder>[:split] (nDCG@10), pairs:<tsv of sentence1, sentence2, score> "

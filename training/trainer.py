@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
+from core.data import load_examples
+from core.default_model import model_label, resolve_model
+from core.encoder import SentenceEncoder
 from training.config import TrainConfig
-from training.data import load_examples
-from training.default_model import model_label, resolve_model
-from training.encoder import SentenceEncoder
 from training.gradcache import cached_step
 from training.objectives import get_objective
 from training.optim import build_optimizer

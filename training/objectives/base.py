@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 
 
 class Objective(nn.Module):

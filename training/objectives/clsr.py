@@ -27,9 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from training.data import PairExample
+from core.data import PairExample
+from core.encoder import SentenceEncoder
 from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
 
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.encoder import SentenceEncoder
 from training.augment.construct import (
     ANTONYM_PROBABILITY,
     SUBWORD_PROPORTION,
@@ -76,7 +77,6 @@ from training.augment.construct import (
 )
 from training.augment.wordnet import DEFAULT_WORDNET_DIR, Antonyms
 from training.distributed import gather_with_grad, is_distributed, local_slice
-from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
 from training.objectives.simcse import info_nce, model_inputs
 

@@ -20,10 +20,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from core.data import ScoredPair
+from core.encoder import SentenceEncoder
 from training.cross_encoder import CrossEncoder
-from training.data import ScoredPair
 from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
 from training.sampling import SAMPLERS
 

@@ -84,8 +84,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
+from core.encoder import SentenceEncoder, pool
 from training.distributed import global_share, is_distributed
-from training.encoder import SentenceEncoder, pool
 from training.objectives.base import Objective
 from training.objectives.infocse_aux import (
     CONDENSER_FILE,

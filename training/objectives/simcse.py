@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from core.encoder import SentenceEncoder
 from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
 from training.objectives.base import Objective
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

@@ -404,7 +404,7 @@ def load_examples(
     elif name == "allnli-tsv":
         triples = read_allnli_tsv(_resolve_file(arg, data_dir), (split,))
     elif name not in ("stsb", "sick", "sick-nli", "snli", "nli", *_BINARY_READERS):
-        raise ValueError(f"unknown source {source!r}; see training.data.load_examples for the names")
+        raise ValueError(f"unknown source {source!r}; see core.data.load_examples for the names")
     elif data_dir is None:
         raise ValueError(f"source {source!r} needs a data_dir")
     splits = tuple(s.strip() for s in (arg or split).split("+"))

