@@ -49,7 +49,6 @@ SICK_FILES = {
     "dev": "SICK_trial.txt",
     "test": "SICK_test_annotated.txt",
 }
-SNLI_SPLITS = ("train", "dev", "test")
 # SNLI + MultiNLI as CoSENT Table II counts them (942,069 / 19,657 / 19,656 labelled pairs): MultiNLI
 # has no public test labels, so dev = SNLI dev + dev-matched and test = SNLI test + dev-mismatched.
 NLI_JSONL = {
@@ -124,15 +123,6 @@ def nli_pairs(triples: list[tuple[str, str, str]]) -> list[PairExample]:
         seen[premise] += 1
         out.append(PairExample(premise, hypothesis, negative))
     return out
-
-
-def read_snli_pairs(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[PairExample]:
-    return _take(nli_pairs(read_snli(snli_dir, split)), limit)
-
-
-def read_snli_scored(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[ScoredPair]:
-    """Every labelled pair, label contradiction 0 < neutral 1 < entailment 2."""
-    return _take([ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in read_snli(snli_dir, split)], limit)
 
 
 def _read_nli_csv(path: str | Path) -> list[dict[str, str]]:

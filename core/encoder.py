@@ -172,12 +172,6 @@ def read_st_modules(model_dir: str | Path) -> dict:
     return out
 
 
-def read_st_config(model_dir: str | Path) -> tuple[str | None, int | None]:
-    """Pooling mode and max sequence length from a sentence-transformers directory, if present."""
-    found = read_st_modules(model_dir)
-    return found.get("pooling"), found.get("max_seq_length")
-
-
 def pool(
     pooling: str,
     token_embeddings: torch.Tensor,
