@@ -166,9 +166,10 @@ def read_st_modules(model_dir: str | Path) -> dict:
     if dense:
         out["head"] = DenseStack(*dense)
     elif not modules_file.is_file() and (model_dir / "head.pt").is_file():
-        # a best/ written before these directories were real sentence-transformers ones: its head was
-        # pickled (our own file); dropping it silently would serve another model
-        out["head"] = torch.load(model_dir / "head.pt", weights_only=False)
+        # a best/ written before these directories were real sentence-transformers ones pickled its head;
+        # unpickling runs code from the file, and dropping the head silently would serve another model
+        raise ValueError(f"{model_dir / 'head.pt'} is a pickled head, which is never loaded: unpickle it once where "
+                         "the file is trusted and save_pretrained() the encoder (config + safetensors)")
     return out
 
 
