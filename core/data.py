@@ -383,6 +383,7 @@ def load_examples(
             raise ValueError(f"source {source!r} only gives unlabeled sentences, not {kind!r}")
         return read_text(_resolve_file(arg, data_dir), limit)
 
+    examples: list
     if name == "nli-csv":
         path = _resolve_file(arg, data_dir)
         examples = read_nli_csv_scored(path) if kind == "scored" else read_nli_csv_pairs(path)
@@ -395,16 +396,15 @@ def load_examples(
         triples = read_allnli_tsv(_resolve_file(arg, data_dir), (split,))
     elif name not in ("stsb", "sick", "sick-nli", "snli", "nli", *_BINARY_READERS):
         raise ValueError(f"unknown source {source!r}; see core.data.load_examples for the names")
-    elif data_dir is None:
-        raise ValueError(f"source {source!r} needs a data_dir")
     splits = tuple(s.strip() for s in (arg or split).split("+"))
-    examples: list = []
-    if name == "nli":
+    if name == "nli" and data_dir is not None:
         triples = find_nli_triples(data_dir, splits)
     if triples is not None:
         examples = (nli_pairs(triples) if kind == "pairs"
                     else [ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in triples])
         return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
+    if data_dir is None:
+        raise ValueError(f"source {source!r} needs a data_dir")
     if name in _BINARY_READERS:
         if kind == "pairs":
             raise ValueError(f"source {source!r} gives scored pairs, not positive pairs")

