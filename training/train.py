@@ -64,7 +64,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help=f"any TrainConfig field: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
     parser.add_argument("--objective", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="keyword arguments of the objective (its paper's hyper-parameters)")
+                        help="fields of the objective's settings dataclass (its paper's hyper-parameters)")
     args = parser.parse_args(argv)
     overrides = _parse_assignments(args.set)
     for name in ("base_model", "data_dir", "train_data", "max_steps", "resume", "select"):
@@ -85,7 +85,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     if unknown:
         raise SystemExit(f"unknown setting(s) {sorted(unknown)}")
     saved = dataclasses.replace(saved, resume=None, allow_config_change=False)  # this session's, not the run's
-    return dataclasses.replace(saved, objective={**saved.objective, **objective}, **overrides)
+    return dataclasses.replace(saved, objective={**dataclasses.asdict(saved.objective), **objective}, **overrides)
 
 
 def train_and_export(cfg: TrainConfig, log=print) -> Path | None:

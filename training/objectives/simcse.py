@@ -14,6 +14,7 @@ recipe); evaluation and export use the encoder's raw [CLS] (pooling "cls").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 
 from core.encoder import SentenceEncoder
 from training.distributed import gather_with_grad, is_distributed
-from training.objectives.base import Objective
+from training.objectives.base import Objective, ObjectiveSettings
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -48,35 +49,40 @@ def info_nce(queries: torch.Tensor, keys: torch.Tensor, temperature: float) -> t
     return F.cross_entropy(sim, labels)
 
 
+@dataclass(frozen=True)
+class SimCSESettings(ObjectiveSettings):
+    """SimCSE's settings (`--objective key=value`); the defaults are the paper's, see SimCSE."""
+
+    temperature: float = 0.05
+    pooling: str | None = "cls"
+    max_length: int | None = 32
+    mlp_only_train: bool = True
+
+
 class SimCSE(Objective):
     """forward: z = MLP(enc([x; x]))      (one pass over 2B rows: two independent dropout masks)
                 loss = info_nce(z[:B], z[B:], τ)
 
-    Keywords (paper defaults): temperature 0.05; pooling "cls"; max_length 32 (SimCSE's unsupervised
+    Settings (SimCSESettings, paper defaults): temperature 0.05; pooling "cls"; max_length 32 (SimCSE's unsupervised
     max_seq_length; capped by the encoder's own limit); mlp_only_train True — False keeps the MLP
     at inference too (SimCSE's supervised setting), as the exported encoder's head.
     """
 
     name: ClassVar[str] = "simcse"
     data_kind: ClassVar[str] = "unlabeled"
+    settings_type: ClassVar[type[ObjectiveSettings]] = SimCSESettings
     #: GradCache layout (training/gradcache.py): features and embeddings both stack [x; x]
     row_groups: ClassVar[dict[str, int]] = {"features": 2}
     embed_groups: ClassVar[int] = 2
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        temperature: float = 0.05,
-        pooling: str | None = "cls",
-        max_length: int | None = 32,
-        mlp_only_train: bool = True,
-    ):
-        super().__init__(encoder)
-        self.temperature = temperature
-        if pooling is not None:
-            encoder.pooling = pooling
-        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
-        self.mlp_only_train = mlp_only_train
+    def __init__(self, encoder: SentenceEncoder, settings: SimCSESettings | None = None):
+        settings = settings or SimCSESettings()
+        super().__init__(encoder, settings)
+        self.temperature = settings.temperature
+        if settings.pooling is not None:
+            encoder.pooling = settings.pooling
+        self.max_length = min(settings.max_length or encoder.max_seq_length, encoder.max_seq_length)
+        self.mlp_only_train = settings.mlp_only_train
         d = encoder.dim
         self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
 
