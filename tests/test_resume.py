@@ -105,7 +105,7 @@ def test_changed_config_is_refused_unless_allowed(tiny_model_dir, shared_data, t
     changed = dataclasses.replace(cfg, resume=run_dir, lr=5e-4, objective={"scale": 10.0})
     with pytest.raises(ValueError) as err:
         train(changed, run_dir, **quiet)
-    assert "lr: 0.001 → 0.0005" in str(err.value) and "objective.scale: '(unset)' → 10.0" in str(err.value)
+    assert "lr: 0.001 → 0.0005" in str(err.value) and "objective.scale: 20.0 → 10.0" in str(err.value)
     assert "allow_config_change" in str(err.value)
     assert (run_dir / "config.json").read_text() == saved  # the run's config is not overwritten
 
@@ -114,7 +114,7 @@ def test_changed_config_is_refused_unless_allowed(tiny_model_dir, shared_data, t
     assert json.loads((run_dir / "config.json").read_text())["lr"] == 5e-4  # the config now in effect
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["config_changes"] for r in rows if "config_changes" in r] == [
-        ["lr: 0.001 → 0.0005", "objective.scale: '(unset)' → 10.0"]]
+        ["lr: 0.001 → 0.0005", "objective.scale: 20.0 → 10.0"]]
 
 
 def test_cli_resume_takes_the_runs_config(tmp_path):
