@@ -54,3 +54,12 @@ def test_a_forbidden_import_breaks_its_contract(tree, module, line, contract):
     assert result.returncode == 1, result.stdout
     broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
     assert any(row.startswith(contract) for row in broken), result.stdout
+
+
+def test_the_images_export_stage_copies_every_package_the_exporter_imports():
+    import grimp
+
+    graph = grimp.build_graph(*PACKAGES)
+    needed = {m.split(".")[0] for m in graph.find_upstream_modules("training.export")} | {"training"}
+    export_stage = (REPO / "Dockerfile").read_text().split("FROM ")[1]
+    assert {p for p in needed if f"COPY {p} ./{p}" not in export_stage} == set()
