@@ -41,10 +41,10 @@ class Evaluator(Protocol):
 
 
 class _Embedder:
-    """The harness's Embedder contract over the encoder being trained (eval mode, normalised)."""
+    """core.sts.TextEncoder over the encoder being trained (eval mode, normalised)."""
 
     def __init__(self, encoder: SentenceEncoder):
-        self.encoder, self.name = encoder, "training"
+        self.encoder = encoder
 
     def encode(self, texts: list[str]):
         return self.encoder.encode(list(texts), batch_size=EVAL_BATCH_SIZE, normalize=True)
