@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +20,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 
 POOLINGS = ("mean", "cls", "first_last_avg")
+# What a transformer's forward takes from a tokenizer's output (offsets, overflow and the rest stay behind).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_MAX_SEQ_LENGTH = 256
 
 
@@ -174,6 +177,10 @@ def read_st_modules(model_dir: str | Path) -> dict:
     return out
 
 
+def model_inputs(features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in features.items() if k in MODEL_INPUTS}
+
+
 def pool(
     pooling: str,
     token_embeddings: torch.Tensor,
@@ -318,7 +325,7 @@ class SentenceEncoder(nn.Module):
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = self.tokenize([texts[i] for i in idx]).to(self.device)
-            emb = self(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+            emb = self(**model_inputs(batch))
             if normalize:
                 emb = torch.nn.functional.normalize(emb, dim=-1)
             out[idx] = emb.float().cpu().numpy()

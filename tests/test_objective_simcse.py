@@ -8,7 +8,8 @@ import torch
 from numpy_reference import np_info_nce
 
 from training.objectives import get_objective
-from training.objectives.simcse import SimCSE, SimCSESettings, info_nce
+from training.objectives.losses import info_nce
+from training.objectives.simcse import SimCSE, SimCSESettings
 
 TEXTS = [
     "A man is playing a guitar.",

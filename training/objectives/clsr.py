@@ -29,11 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.data import PairExample
-from core.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder, model_inputs
 from training.distributed import gather_with_grad, is_distributed
 from training.objectives.base import Objective, ObjectiveSettings
-
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class MLPEncoder(nn.Sequential):
@@ -158,7 +156,7 @@ class CLSR(Objective):
         if missing:
             batch["missing"] = torch.tensor(missing, dtype=torch.long)
             features = self.encoder.tokenize([texts[i] for i in missing])
-            batch["missing_features"] = {k: v for k, v in features.items() if k in _MODEL_INPUTS}
+            batch["missing_features"] = model_inputs(features)
         return batch
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

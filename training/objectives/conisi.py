@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder, model_inputs
 from training.augment.construct import (
     ANTONYM_PROBABILITY,
     SUBWORD_PROPORTION,
@@ -79,7 +79,7 @@ from training.augment.construct import (
 from training.augment.wordnet import DEFAULT_WORDNET_DIR, Antonyms
 from training.distributed import gather_with_grad, is_distributed, local_slice
 from training.objectives.base import Objective, ObjectiveSettings
-from training.objectives.simcse import info_nce, model_inputs
+from training.objectives.losses import info_nce
 
 STRATEGIES = ("o1", "o2", "s")
 BATCHNORM_MODES = ("joint", "separate")

@@ -22,13 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from core.data import ScoredPair
-from core.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder, model_inputs
 from training.cross_encoder import CrossEncoder
 from training.distributed import gather_with_grad, is_distributed
 from training.objectives.base import Objective, ObjectiveSettings
 from training.sampling import SAMPLERS
-
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def cosent_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
@@ -105,7 +103,7 @@ class CoSENT(Objective):
         texts = [e.sentence1 for e in examples] + [e.sentence2 for e in examples]
         features = self.encoder.tokenize(texts)
         return {
-            "features": {k: v for k, v in features.items() if k in _MODEL_INPUTS},
+            "features": model_inputs(features),
             "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
         }
 

@@ -85,7 +85,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
-from core.encoder import SentenceEncoder, pool
+from core.encoder import SentenceEncoder, model_inputs, pool
 from training.distributed import global_share, is_distributed
 from training.objectives.base import Objective, ObjectiveSettings
 from training.objectives.infocse_aux import (
@@ -96,7 +96,7 @@ from training.objectives.infocse_aux import (
     find_mlm_head_state,
     frozen_lower_copy,
 )
-from training.objectives.simcse import info_nce, model_inputs
+from training.objectives.losses import info_nce
 
 
 class ProjectionMLP(nn.Sequential):

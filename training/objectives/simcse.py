@@ -18,35 +18,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from core.encoder import SentenceEncoder
-from training.distributed import gather_with_grad, is_distributed
+from core.encoder import SentenceEncoder, model_inputs
 from training.objectives.base import Objective, ObjectiveSettings
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def model_inputs(features) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in features.items() if k in MODEL_INPUTS}
-
-
-def info_nce(queries: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Mean over local rows i of −log softmax_j(cos(q_i, k_j)/τ)[i], keys gathered over GPUs.
-
-    queries, keys: [B, d] on this rank, row i of each is a positive pair. Keys from every rank are
-    the candidates, so this rank's positives sit at rank·B + i (identity on one process). The
-    gather keeps every rank's gradient into this rank's keys, so DDP's average is the global
-    batch's gradient.
-    """
-    all_keys = gather_with_grad(keys)
-    dtype = torch.float32 if queries.dtype in (torch.float16, torch.bfloat16) else queries.dtype
-    sim = F.normalize(queries.to(dtype), dim=-1) @ F.normalize(all_keys.to(dtype), dim=-1).T / temperature
-    offset = dist.get_rank() * queries.shape[0] if is_distributed() else 0
-    labels = torch.arange(queries.shape[0], device=sim.device) + offset
-    return F.cross_entropy(sim, labels)
+from training.objectives.losses import info_nce
 
 
 @dataclass(frozen=True)
