@@ -6,6 +6,7 @@ WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
 COPY pyproject.toml constraints.txt README.md ./
 COPY service ./service
+COPY core ./core
 COPY training ./training
 COPY evaluation ./evaluation
 # The CPU build of torch keeps this stage small; it never reaches the runtime image.

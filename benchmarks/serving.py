@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
     st_dir = args.st_model
     if st_dir is None:
-        from training.default_model import default_model_dir
+        from core.default_model import default_model_dir
 
         st_dir = default_model_dir()
     results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}

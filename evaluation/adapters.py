@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.beir import BeirSet
+from core.beir import BeirSet
 from evaluation.embedders import ServiceEmbedder
 
 

@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from evaluation import beir
+from core import beir
 
 # WordNet's lexicographer file numbers (lexnames(5WN)); Debian's wordnet-base does not ship the file.
 LEXNAMES = (

@@ -28,9 +28,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from evaluation import beir
-from evaluation.sts_data import normalize
-from training.data import find_source_dir, read_snli, read_stsb
+from core import beir
+from core.data import find_source_dir, read_snli, read_stsb
+from core.sts import normalize
 
 NLI_GRADE = {"entailment": 2, "neutral": 1, "contradiction": 0}
 

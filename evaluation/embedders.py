@@ -3,7 +3,7 @@
 Three implementations, picked by `load_embedder(url=..., model=...)`:
 - `ServiceEmbedder`: the running service, POST /embed, chunked to the service's request limit;
 - `OnnxEmbedder`: an export directory (manifest.json + model.onnx) in process, the service's own encoder;
-- `TorchEmbedder`: a HF / sentence-transformers directory in process (training.encoder.SentenceEncoder).
+- `TorchEmbedder`: a HF / sentence-transformers directory in process (core.encoder.SentenceEncoder).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class TorchEmbedder:
     """A HF / sentence-transformers directory in process (torch, eval mode, normalised)."""
 
     def __init__(self, model_dir: str | Path, batch_size: int = 64):
-        from training.encoder import SentenceEncoder
+        from core.encoder import SentenceEncoder
 
         self.encoder = SentenceEncoder.from_pretrained(model_dir)
         self.batch_size = batch_size

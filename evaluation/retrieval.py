@@ -7,7 +7,8 @@ Documents are embedded as BEIR embeds them, (title + " " + text).strip(); querie
 With --url the index is cleared (DELETE /index, unless --keep-index), the corpus is loaded through
 POST /index/documents and every query ranked through POST /search: the service's own FAISS
 inner-product search over normalised vectors. With --model the same exact search runs in process
-(faiss IndexFlatIP). Rankings are --depth deep (100: nDCG@100, Recall@100, MAP over 100).
+(faiss IndexFlatIP in core.ranking, which the trainer's retrieval model selection runs too). Rankings are
+--depth deep (100: nDCG@100, Recall@100, MAP over 100).
 
 Identical query/document pairs: as BEIR's EvaluateRetrieval (ignore_identical_ids=True), a document
 whose id equals the query's id is dropped from that query's ranking, so a query that is also a
@@ -24,56 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from evaluation import beir
-from evaluation.embedders import MAX_TEXT_CHARS, Embedder, HttpClient, load_embedder
-from evaluation.metrics import Run, evaluate_run, ranked
-from evaluation.sts_data import normalize
-
-
-def excluded_documents(data: beir.BeirSet) -> dict[str, set[str]]:
-    """For each query, the documents its ranking must not contain under the set's protocol."""
-    by_text: dict[str, set[str]] = {}
-    if data.protocol.ignore_identical_text:
-        for did, doc in data.corpus.items():
-            by_text.setdefault(normalize(beir.BeirSet.document_text(doc)), set()).add(did)
-    out = {}
-    for qid, text in data.queries.items():
-        drop = set(by_text.get(normalize(text), ()))
-        if data.protocol.ignore_identical_ids and qid in data.corpus:
-            drop.add(qid)
-        out[qid] = drop
-    return out
-
-
-def _finish(run: Run, excluded: dict[str, set[str]], depth: int) -> Run:
-    """Drop the excluded documents, keep the best `depth` (trec_eval's order) of what is left."""
-    out = {}
-    for qid, docs in run.items():
-        kept = {d: s for d, s in docs.items() if d not in excluded.get(qid, ())}
-        out[qid] = {d: kept[d] for d in ranked(kept)[:depth]}
-    return out
-
-
-def search_in_process(embedder: Embedder, data: beir.BeirSet, depth: int = 100) -> Run:
-    import faiss
-
-    excluded = excluded_documents(data)
-    doc_ids = list(data.corpus)
-    query_ids = list(data.queries)
-    docs = np.ascontiguousarray(embedder.encode([beir.BeirSet.document_text(data.corpus[d]) for d in doc_ids]),
-                                dtype=np.float32)
-    queries = np.ascontiguousarray(embedder.encode([data.queries[q] for q in query_ids]), dtype=np.float32)
-    faiss.normalize_L2(docs)  # cosine, whatever the embedder returns
-    faiss.normalize_L2(queries)
-    index = faiss.IndexFlatIP(docs.shape[1])
-    index.add(docs)
-    k = min(depth + max((len(e) for e in excluded.values()), default=0), len(doc_ids))
-    scores, rows = index.search(queries, k)
-    run = {q: {doc_ids[r]: float(s) for s, r in zip(srow, rrow) if r >= 0}
-           for q, srow, rrow in zip(query_ids, scores, rows)}
-    return _finish(run, excluded, depth)
+from core import beir
+from core.ranking import Run, evaluate_run, excluded_documents, keep_top, search_in_process
+from evaluation.embedders import MAX_TEXT_CHARS, HttpClient, load_embedder
 
 
 def index_corpus(client: HttpClient, data: beir.BeirSet, keep_index: bool = False) -> None:
@@ -98,7 +52,7 @@ def search_service(url: str, data: beir.BeirSet, depth: int = 100, keep_index: b
         results = client.request("POST", "/search", {"query": [data.queries[q][:MAX_TEXT_CHARS] for q in part], "k": k})
         for qid, hits in zip(part, results["results"], strict=True):
             run[qid] = {h["id"]: h["score"] for h in hits}
-    return _finish(run, excluded, depth)
+    return keep_top(run, excluded, depth)
 
 
 def format_table(label: str, dataset: str, metrics: dict[str, float]) -> str:

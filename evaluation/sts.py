@@ -4,8 +4,8 @@
     python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir ../shared/data [--variant int8]
 
 Tasks: STS12–16 in the "all" setting (every subset of a year concatenated, one Spearman), STS-B test,
-SICK-R test; "avg" is their mean. Sentences are whitespace-normalised (evaluation.sts_data). The
-training loop selects checkpoints with `stsb_dev_spearman`, the same code on STS-B dev.
+SICK-R test; "avg" is their mean. Sentences are whitespace-normalised (core.sts). The scoring is
+core.sts's, which the training loop's model selection runs on STS-B dev.
 """
 
 from __future__ import annotations
@@ -14,55 +14,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
+from core.sts import Encode, score_task
 from evaluation.embedders import Embedder, load_embedder
-from evaluation.sts_data import TASKS, StsTask, load_task
-
-Encode = Callable[[list[str]], np.ndarray]
-
-
-def _encode_fn(embedder: Embedder | Encode) -> Encode:
-    return embedder.encode if hasattr(embedder, "encode") else embedder
-
-
-def cosine_scores(encode: Encode, task: StsTask) -> np.ndarray:
-    """Cosine of each pair; every distinct sentence is embedded once (embeddings need not be unit)."""
-    unique = list(dict.fromkeys(task.sentences1 + task.sentences2))
-    vectors = np.asarray(encode(unique), dtype=np.float64)
-    vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
-    row = {s: i for i, s in enumerate(unique)}
-    a = vectors[[row[s] for s in task.sentences1]]
-    b = vectors[[row[s] for s in task.sentences2]]
-    return (a * b).sum(axis=1)
-
-
-def score_task(task: StsTask, embedder: Embedder | Encode) -> float:
-    """Spearman × 100 between the pairs' cosine similarities and the gold scores."""
-    return float(100 * spearmanr(cosine_scores(_encode_fn(embedder), task), task.scores).statistic)
-
-
-def stsb_dev_spearman(encode: Embedder | Encode, data_dir: str | Path | None) -> float:
-    """STS-B dev Spearman × 100: the papers' model-selection metric, used by the training loop."""
-    if data_dir is None:
-        raise ValueError("STS-B dev needs a data_dir")
-    return score_task(load_task("STSBenchmark-dev", data_dir), encode)
-
-
-ScorePairs = Callable[[list[str], list[str]], np.ndarray]
-
-
-def stsb_dev_pair_spearman(score_pairs: ScorePairs, data_dir: str | Path | None) -> float:
-    """STS-B dev Spearman × 100 of a cross-encoder's own pair scores (no cosine): its model selection."""
-    if data_dir is None:
-        raise ValueError("STS-B dev needs a data_dir")
-    task = load_task("STSBenchmark-dev", data_dir)
-    scores = np.asarray(score_pairs(task.sentences1, task.sentences2), dtype=np.float64)
-    return float(100 * spearmanr(scores, task.scores).statistic)
+from evaluation.sts_data import TASKS, load_task
 
 
 def evaluate_sts(

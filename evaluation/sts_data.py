@@ -8,10 +8,10 @@ as SentEval does (split on whitespace, joined with single spaces).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from training.data import find_source_dir, read_sick, read_stsb
+from core.data import find_source_dir, read_sick
+from core.sts import StsTask, make_task, read_stsb_split
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 TASKS = (*STS_YEARS, "STSBenchmark", "SICKRelatedness")
@@ -23,22 +23,6 @@ SENTEVAL_SUBSETS = {
     "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
     "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
 }
-
-
-@dataclass
-class StsTask:
-    name: str
-    sentences1: list[str]
-    sentences2: list[str]
-    scores: list[float]
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-
-def normalize(sentence: str) -> str:
-    """SentEval's tokenisation (`s.split()`) joined back with single spaces, as SimCSE's batcher does."""
-    return " ".join(sentence.split())
 
 
 def _year_dir(data_dir: Path, year: str) -> Path:
@@ -76,11 +60,6 @@ def read_sts_year(folder: str | Path) -> list[tuple[str, str, float]]:
     return pairs
 
 
-def read_stsb_split(data_dir: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
-    """STS-B sts-<split>.csv as (s1, s2, score 0–5): tab separated, csv.QUOTE_NONE, extra fields ignored."""
-    return [(p.sentence1, p.sentence2, p.label) for p in read_stsb(find_source_dir("stsb", data_dir), split)]
-
-
 def read_sick_split(data_dir: str | Path, split: str = "test") -> list[tuple[str, str, float]]:
     """SICK as (s1, s2, relatedness 1–5); "test" is SentEval's SICK_test_annotated.txt (4,927 pairs)."""
     return [(p.sentence1, p.sentence2, p.label) for p in read_sick(find_source_dir("sick", data_dir), split)]
@@ -90,7 +69,7 @@ def load_task(name: str, data_dir: str | Path) -> StsTask:
     """One of TASKS (or "STSBenchmark-dev", the papers' model-selection set), whitespace-normalised.
 
     `data_dir` is a folder holding senteval/STS/... and senteval/SICK (the shared-data layout) or
-    SentEval's downstream/ layout; see training.data.find_source_dir.
+    SentEval's downstream/ layout; see core.data.find_source_dir.
     """
     data_dir = Path(data_dir)
     if name in STS_YEARS:
@@ -103,5 +82,4 @@ def load_task(name: str, data_dir: str | Path) -> StsTask:
         pairs = read_sick_split(data_dir, "test")
     else:
         raise ValueError(f"unknown STS task {name!r}; choose from {', '.join(TASKS)}")
-    return StsTask(name, [normalize(a) for a, _, _ in pairs], [normalize(b) for _, b, _ in pairs],
-                   [s for _, _, s in pairs])
+    return make_task(name, pairs)

@@ -44,7 +44,7 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
 
 @pytest.fixture
 def tiny_encoder(tiny_model_dir):
-    from training.encoder import SentenceEncoder
+    from core.encoder import SentenceEncoder
 
     return SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
 
@@ -59,8 +59,8 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def default_export(tmp_path_factory) -> Path:
     """The real embedded default model, exported once per test session (about 15 s)."""
-    from training.default_model import default_model_dir
-    from training.encoder import SentenceEncoder
+    from core.default_model import default_model_dir
+    from core.encoder import SentenceEncoder
     from training.export import export_onnx
 
     out = tmp_path_factory.mktemp("exports") / "all-MiniLM-L6-v2"

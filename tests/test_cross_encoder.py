@@ -13,13 +13,13 @@ import torch
 from fastapi.testclient import TestClient
 from torch import nn
 
+from core.data import ScoredPair
 from service.api.registry import ModelRegistry
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine
 from service.manifest import CROSS_ENCODER
 from service.settings import Settings
 from training.config import PRESETS, make_config
-from training.data import ScoredPair
 from training.objectives import get_objective
 from training.objectives.cosent import CoSENTCrossEncoder
 
@@ -83,7 +83,7 @@ def trained(tiny_model_dir, shared_data, tmp_path_factory):
 
 
 def test_trains_with_pair_score_model_selection(trained, shared_data):
-    from evaluation.sts import stsb_dev_pair_spearman
+    from core.sts import stsb_dev_pair_spearman
     from training.cross_encoder import CrossEncoder
 
     run_dir, export_dir = trained

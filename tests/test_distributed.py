@@ -17,9 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
+from core.data import PairExample, ScoredPair
 from training.config import make_config
-from training.data import PairExample, ScoredPair
-from training.objectives import METHODS, get_objective
+from training.objectives import METHODS, get_objective, make_settings
 from training.sampling import MixedLabelBatchSampler, make_batch_sampler
 
 WORLD = 2
@@ -66,11 +66,11 @@ def _examples(method: str) -> list:
 
 def _build(method: str, model_dir: Path):
     """The same objective in every process: fixed seed, no dropout (two forwards must agree), float64."""
-    from training.encoder import SentenceEncoder
+    from core.encoder import SentenceEncoder
 
     torch.manual_seed(0)
     encoder = SentenceEncoder.from_pretrained(model_dir, max_seq_length=32)
-    obj = get_objective(method)(encoder, **KEYWORDS[method])
+    obj = get_objective(method)(encoder, make_settings(method, KEYWORDS[method]))
     if method == "infocse":
         obj.prepare(TEXTS, torch.device("cpu"), steps=0)  # builds the frozen lower copy only
     return obj.double().train()
@@ -209,12 +209,12 @@ def test_cosent_with_mixed_label_batches_runs_an_epoch_on_two_processes(two_proc
 
 
 def test_cosent_defaults_to_plain_shuffled_batches(tiny_encoder):
-    from training.objectives.cosent import CoSENT
+    from training.objectives.cosent import CoSENT, CoSENTSettings
 
     assert CoSENT(tiny_encoder).batch_sampler is None  # the paper's code: shuffled batches
-    assert CoSENT(tiny_encoder, batch_sampler="mixed_labels").batch_sampler == "mixed_labels"
+    assert CoSENT(tiny_encoder, CoSENTSettings(batch_sampler="mixed_labels")).batch_sampler == "mixed_labels"
     with pytest.raises(ValueError, match="batch sampler"):
-        CoSENT(tiny_encoder, batch_sampler="nope")
+        CoSENT(tiny_encoder, CoSENTSettings(batch_sampler="nope"))
 
 
 def _train_worker(rank: int, init_file: str, model_dir: str, data_dir: str, out: str) -> None:

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import beir
+from core import beir
+from core.data import load_examples
 from evaluation.build_domain import main, read_synsets
-from training.data import load_examples
 
 WORDNET = Path("/usr/share/wordnet")
 

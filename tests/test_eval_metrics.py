@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from evaluation import beir
-from evaluation.metrics import evaluate_run, metric_names, per_query, ranked
-from evaluation.retrieval import _finish, excluded_documents
+from core import beir
+from core.ranking import evaluate_run, excluded_documents, keep_top, metric_names, per_query, ranked
 
 # q1: graded judgements, d1 highly relevant (2), d2 and d5 relevant (1), d3 judged irrelevant (0);
 #     d5 is never retrieved, d4 and d6 are unjudged.
@@ -104,7 +103,7 @@ def test_identical_ids_and_texts_are_dropped_before_scoring():
     data = beir.BeirSet(corpus, {"q1": "same text"}, {"q1": {"d2": 1}})
     assert excluded_documents(data) == {"q1": {"q1"}}  # BEIR's default: identical ids only
     run = {"q1": {"q1": 1.0, "d1": 0.99, "d2": 0.5, "d3": 0.4}}
-    assert list(_finish(run, excluded_documents(data), depth=2)["q1"]) == ["d1", "d2"]
+    assert list(keep_top(run, excluded_documents(data), depth=2)["q1"]) == ["d1", "d2"]
     data.protocol = beir.Protocol(ignore_identical_text=True)
     assert excluded_documents(data) == {"q1": {"q1", "d1"}}  # whitespace-normalised text
-    assert list(_finish(run, excluded_documents(data), depth=2)["q1"]) == ["d2", "d3"]
+    assert list(keep_top(run, excluded_documents(data), depth=2)["q1"]) == ["d2", "d3"]

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation import beir
+from core import beir
+from core.ranking import search_in_process
 from evaluation.build_sets import main as build_main
 from evaluation.build_sets import snli_retrieval, stsb_retrieval
 from evaluation.retrieval import main as retrieval_main
-from evaluation.retrieval import search_in_process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 TINY = FIXTURES / "beir-tiny"

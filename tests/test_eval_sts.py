@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr, rankdata
 
-from evaluation.sts import cosine_scores, evaluate_sts, score_task, stsb_dev_spearman
+from core.sts import cosine_scores, read_stsb_split, score_task, stsb_dev_spearman
+from evaluation.sts import evaluate_sts
 from evaluation.sts_data import (
     SENTEVAL_SUBSETS,
     STS_YEARS,
@@ -16,7 +17,6 @@ from evaluation.sts_data import (
     load_task,
     read_sick_split,
     read_sts_year,
-    read_stsb_split,
     sts_year_subsets,
 )
 

@@ -9,10 +9,10 @@ import onnx
 import pytest
 import torch
 
+from core.default_model import ChecksumError, verify_weights
+from core.encoder import SentenceEncoder
 from service.engine.backends.onnx import IntegrityError, OnnxBackend
 from service.manifest import Manifest, sha256_file
-from training.default_model import ChecksumError, verify_weights
-from training.encoder import SentenceEncoder
 from training.export import PARITY_SENTENCES, ParityError, check_parity, export_onnx
 
 MIXED = ["short", "a bit longer sentence here", "x " * 400, "", "Ünïcödé and emoji 🎸 survive"]

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from core.encoder import SentenceEncoder
 from service.engine.backends.onnx import OnnxBackend
 from service.manifest import Manifest
 from training import quantize
-from training.encoder import SentenceEncoder
 from training.export import PARITY_SENTENCES, export_onnx
 
 

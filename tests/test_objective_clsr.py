@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import PairExample
-from training.encoder import SentenceEncoder
+from core.data import PairExample
+from core.encoder import SentenceEncoder
 from training.objectives import clsr as clsr_mod
 from training.objectives import get_objective
-from training.objectives.clsr import CLSR, nt_xent
+from training.objectives.clsr import CLSR, CLSRSettings, nt_xent
 
 PAIRS = [
     PairExample("a man is playing a guitar .", "a man plays the guitar .", "a man is eating ."),
@@ -85,7 +85,7 @@ def test_defaults_and_registry(tiny_encoder):
     assert [(x.in_features, x.out_features) for x in lin] == [(32, 768), (768, 768)]
     assert isinstance(obj.e[1], torch.nn.ReLU) and len(obj.e) == 3
     assert isinstance(obj.h, torch.nn.Linear) and (obj.h.in_features, obj.h.out_features) == (768, 768)
-    assert isinstance(CLSR(tiny_encoder, output_relu=True).e[-1], torch.nn.ReLU)
+    assert isinstance(CLSR(tiny_encoder, CLSRSettings(output_relu=True)).e[-1], torch.nn.ReLU)
 
 
 def _counting(encoder):
@@ -95,7 +95,7 @@ def _counting(encoder):
 
 
 def test_cache_built_once_and_used_by_collate(tiny_encoder):
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8, cache_batch_size=3)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8, cache_batch_size=3))
     calls = _counting(tiny_encoder)
     obj.prepare(PAIRS, CPU)
     sentences = list(dict.fromkeys(s for p in PAIRS for s in (p.anchor, p.positive)))
@@ -117,10 +117,10 @@ def test_cache_built_once_and_used_by_collate(tiny_encoder):
 
 
 def test_unseen_sentences_are_embedded_on_the_fly(tiny_encoder):
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))
     obj.prepare(PAIRS[:3], CPU)
     cached = obj(obj.collate(PAIRS[:3]))["loss"]
-    fresh = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    fresh = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))
     fresh.load_state_dict(obj.state_dict())
     batch = fresh.collate(PAIRS[:3])  # empty cache: every sentence goes through the transformer
     assert batch["missing"].tolist() == list(range(6))
@@ -128,7 +128,7 @@ def test_unseen_sentences_are_embedded_on_the_fly(tiny_encoder):
 
 
 def test_transformer_is_frozen_and_gets_no_gradient(tiny_encoder):
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))
     obj.train()
     assert not obj.encoder.training  # the frozen model never runs with dropout
     obj.prepare(PAIRS, CPU)
@@ -157,7 +157,7 @@ def test_one_step_lowers_loss(tiny_encoder):
 
 
 def test_inference_encoder_is_frozen_model_mean_pooling_and_e(tiny_encoder, tmp_path):
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=6)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=6))
     obj.prepare(PAIRS, CPU)
     enc = obj.inference_encoder()
     assert isinstance(enc, SentenceEncoder)
@@ -176,7 +176,7 @@ def test_inference_encoder_is_frozen_model_mean_pooling_and_e(tiny_encoder, tmp_
 
 
 def test_inference_encode_keeps_the_frozen_model_in_eval(tiny_encoder):
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8).train()
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8)).train()
     obj.inference_encoder().encode(["a sentence ."])
     assert not tiny_encoder.transformer.training
 
@@ -184,7 +184,7 @@ def test_inference_encode_keeps_the_frozen_model_in_eval(tiny_encoder):
 def test_base_model_with_its_own_head(tiny_encoder):
     torch.manual_seed(0)
     tiny_encoder.head = torch.nn.Linear(32, 12)  # e.g. an SBERT with a Dense layer: part of the frozen m
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))
     assert obj.e[0].in_features == 12 and not tiny_encoder.head.weight.requires_grad
     obj.prepare(PAIRS[:1], CPU)
     enc = obj.inference_encoder()
@@ -196,14 +196,14 @@ def test_base_model_with_its_own_head(tiny_encoder):
 
 def test_checkpoint_holds_the_head_only(tiny_encoder):
     torch.manual_seed(0)
-    obj = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)
+    obj = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))
     state = obj.checkpoint_state_dict()
     assert set(state) == {k for k in obj.state_dict() if k.startswith(("e.", "h."))}
     assert not any(k.startswith("encoder.") for k in state)
     obj.prepare(PAIRS, CPU)
     batch = obj.collate(PAIRS)
     torch.manual_seed(1)
-    fresh = CLSR(tiny_encoder, hidden_dim=16, out_dim=8, proj_dim=8)  # other random e and h
+    fresh = CLSR(tiny_encoder, CLSRSettings(hidden_dim=16, out_dim=8, proj_dim=8))  # other random e and h
     assert fresh(batch)["loss"].item() != pytest.approx(obj(batch)["loss"].item())
     fresh.load_checkpoint_state_dict(state)
     assert fresh(batch)["loss"].item() == pytest.approx(obj(batch)["loss"].item(), rel=1e-6)
@@ -243,7 +243,7 @@ def test_training_evaluates_per_epoch_with_lars_and_checkpoints_the_head(tiny_mo
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "dev" in r] == [0, 5, 10, 15]
 
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)  # no pickled objects
     assert state["objective"] and all(k.startswith(("e.", "h.")) for k in state["objective"])
     decay, no_decay = state["optimizer"]["param_groups"]
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (1e-4, 0.0)
@@ -260,9 +260,9 @@ def test_training_evaluates_per_epoch_with_lars_and_checkpoints_the_head(tiny_mo
 
 
 def test_paper_preset_is_the_papers_setting(tmp_path):
+    from core.data import load_examples
     from tests.test_training_data import MNLI_ROWS, SNLI_ROWS, _write_nli_jsonl
     from training.config import make_config
-    from training.data import load_examples
 
     cfg = make_config("clsr", "paper")
     assert (cfg.batch_size, cfg.lr, cfg.weight_decay, cfg.epochs, cfg.schedule) == (512, 0.5, 1e-4, 2000, "cosine")

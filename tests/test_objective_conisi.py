@@ -13,7 +13,7 @@ from training.augment.construct import _WORD, antonym_replace, other_indices, su
 from training.augment.pos import candidates, guess_pos
 from training.augment.wordnet import Antonyms, WordNetMissing, load_antonyms, load_lexicon
 from training.objectives import get_objective
-from training.objectives.conisi import ConIsI, default_interactive_weight
+from training.objectives.conisi import ConIsI, ConIsISettings, default_interactive_weight
 
 TEXTS = [
     "A man is playing a guitar.",
@@ -68,7 +68,7 @@ def test_registry_name():
 @pytest.mark.parametrize("batchnorm", ["joint", "separate"])
 @pytest.mark.parametrize("logit_dim", [1, None])
 def test_losses_match_numpy_and_weighting(tiny_encoder, batchnorm, logit_dim):
-    obj = ConIsI(tiny_encoder, interactive_weight=0.3, batchnorm=batchnorm, logit_dim=logit_dim)
+    obj = ConIsI(tiny_encoder, ConIsISettings(interactive_weight=0.3, batchnorm=batchnorm, logit_dim=logit_dim))
     obj.train()
     params = randomise_heads(obj)
     rng = np.random.default_rng(0)
@@ -89,14 +89,14 @@ def test_default_lambda_follows_the_encoder():
 
 def test_lambda_default_and_override(tiny_encoder):
     assert ConIsI(tiny_encoder).interactive_weight == 0.8  # tiny BERT
-    assert ConIsI(tiny_encoder, interactive_weight=0.25).interactive_weight == 0.25
+    assert ConIsI(tiny_encoder, ConIsISettings(interactive_weight=0.25)).interactive_weight == 0.25
 
 
 def test_forward_equals_numpy_on_independently_encoded_inputs(tiny_encoder):
     """Wiring: x single, Y = (x, x) and Z = (x, c) as real pairs, CLS states, heads, Eq. 10."""
     texts = ["It was a good day.", "The soup is hot.", "The dog is happy."]
     composed = ["It was a bad night.", "The soup is cold.", "The dog is unhappy."]
-    obj = ConIsI(tiny_encoder, strategy="o2", antonym_probability=1.0)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="o2", antonym_probability=1.0))
     obj.train()
     tiny_encoder.eval()  # no dropout, so the reference sees the same network; BN stays in training mode
     params = randomise_heads(obj, seed=1)
@@ -113,7 +113,7 @@ def test_forward_equals_numpy_on_independently_encoded_inputs(tiny_encoder):
 
 # ---------- pair inputs ----------
 def test_pairs_carry_segments_and_identical_halves(tiny_encoder):
-    obj = ConIsI(tiny_encoder, strategy="s", max_length=8)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="s", max_length=8))
     texts = TEXTS + ["word " * 40]  # the last one is cut to L = 8 tokens
     batch = obj.collate(texts, generator=torch.Generator().manual_seed(0))
     single, pairs = batch["single"], batch["pairs"]
@@ -147,7 +147,7 @@ def test_strategy_s_never_pairs_a_sentence_with_itself(tiny_encoder):
     with pytest.raises(ValueError):
         other_indices(1)
 
-    obj = ConIsI(tiny_encoder, strategy="s")
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="s"))
     for seed in range(5):
         batch = obj.collate(TEXTS, generator=torch.Generator().manual_seed(seed))
         sep = tiny_encoder.tokenizer.sep_token_id
@@ -160,7 +160,7 @@ def test_strategy_s_never_pairs_a_sentence_with_itself(tiny_encoder):
 
 
 def test_strategy_s_with_one_sentence_falls_back(tiny_encoder):
-    obj = ConIsI(tiny_encoder, strategy="s", subword_proportion=1.0, subword_random_share=1.0)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="s", subword_proportion=1.0, subword_random_share=1.0))
     obj.train()
     batch = obj.collate(["Just one sentence here."])
     y, z = batch["pairs"]["input_ids"]
@@ -186,7 +186,7 @@ def test_subword_replacement_rates_and_specials():
 
 
 def test_o1_collate_only_touches_the_composed_sentence(tiny_encoder):
-    obj = ConIsI(tiny_encoder, strategy="o1", subword_proportion=0.5)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="o1", subword_proportion=0.5))
     special = set(tiny_encoder.tokenizer.all_special_ids)
     assert not special & set(obj.vocab_ids.tolist())
     batch = obj.collate(TEXTS * 5, generator=torch.Generator().manual_seed(0))
@@ -284,9 +284,9 @@ def test_composed_sentence_never_equals_x_on_the_corpus(tiny_encoder, corpus_sam
     docstring gives the rates on 2048 corpus sentences)."""
     texts = [t for t in corpus_sample if _content(t, load_lexicon())]
     assert len(texts) > 500
-    assert _same_rate(ConIsI(tiny_encoder, strategy=strategy), texts) == 0.0
+    assert _same_rate(ConIsI(tiny_encoder, ConIsISettings(strategy=strategy)), texts) == 0.0
     if strategy != "s":
-        assert _same_rate(ConIsI(tiny_encoder, strategy=strategy, ensure_different=False), texts) > 0.1
+        assert _same_rate(ConIsI(tiny_encoder, ConIsISettings(strategy=strategy, ensure_different=False)), texts) > 0.1
 
 
 def test_o2_replacements_on_the_corpus_share_the_words_part_of_speech(corpus_sample):
@@ -308,7 +308,7 @@ def test_o2_replacements_on_the_corpus_share_the_words_part_of_speech(corpus_sam
     [("s", ["The same sentence twice.", "The same sentence twice."]), ("o2", ["The dog barked at the cat."])],
 )
 def test_identical_c_falls_back_to_subword_replacement(tiny_encoder, strategy, texts):
-    obj = ConIsI(tiny_encoder, strategy=strategy)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy=strategy))
     for seed in range(5):
         batch = obj.collate(texts, generator=torch.Generator().manual_seed(seed))
         ids, tt = batch["pairs"]["input_ids"], batch["pairs"]["token_type_ids"]
@@ -318,7 +318,8 @@ def test_identical_c_falls_back_to_subword_replacement(tiny_encoder, strategy, t
         diff = ids[n:] != ref
         assert diff.any(1).all()  # every c differs from its x ...
         assert not diff[tt[n:] == 0].any()  # ... in c's own sub-words only
-    with_off = ConIsI(tiny_encoder, strategy=strategy, ensure_different=False).collate(texts)["pairs"]["input_ids"]
+    off = ConIsI(tiny_encoder, ConIsISettings(strategy=strategy, ensure_different=False))
+    with_off = off.collate(texts)["pairs"]["input_ids"]
     assert torch.equal(with_off[: len(texts)], with_off[len(texts) :])
 
 
@@ -348,7 +349,7 @@ def test_forced_subword_replacement_changes_every_row():
 
 
 def test_o2_collate_composes_antonym_pairs(tiny_encoder):
-    obj = ConIsI(tiny_encoder, strategy="o2", antonym_probability=1.0)
+    obj = ConIsI(tiny_encoder, ConIsISettings(strategy="o2", antonym_probability=1.0))
     batch = obj.collate(["It is hot.", "A good man."])
     decoded = [tiny_encoder.tokenizer.decode(r, skip_special_tokens=True) for r in batch["pairs"]["input_ids"][2:]]
     assert decoded == ["it is hot. it is cold.", "a good man. a bad woman."]
@@ -356,10 +357,10 @@ def test_o2_collate_composes_antonym_pairs(tiny_encoder):
 
 def test_missing_wordnet_names_the_apt_package(tiny_encoder, tmp_path):
     with pytest.raises(WordNetMissing, match="wordnet-base"):
-        ConIsI(tiny_encoder, strategy="o2", wordnet_dir=tmp_path)
-    ConIsI(tiny_encoder, strategy="s", wordnet_dir=tmp_path)  # only o2 needs WordNet
+        ConIsI(tiny_encoder, ConIsISettings(strategy="o2", wordnet_dir=tmp_path))
+    ConIsI(tiny_encoder, ConIsISettings(strategy="s", wordnet_dir=tmp_path))  # only o2 needs WordNet
     with pytest.raises(ValueError):
-        ConIsI(tiny_encoder, strategy="x")
+        ConIsI(tiny_encoder, ConIsISettings(strategy="x"))
 
 
 # ---------- training behaviour ----------
@@ -440,10 +441,10 @@ def tiny_roberta_dir(tmp_path_factory):
 
 
 def test_roberta_pairs_use_double_separator(tiny_roberta_dir):
-    from training.encoder import SentenceEncoder
+    from core.encoder import SentenceEncoder
 
     enc = SentenceEncoder.from_pretrained(tiny_roberta_dir, max_seq_length=32)
-    obj = ConIsI(enc, strategy="o1")
+    obj = ConIsI(enc, ConIsISettings(strategy="o1"))
     assert obj.interactive_weight == 0.1
     batch = obj.collate(TEXTS[:2], generator=torch.Generator().manual_seed(0))
     assert "token_type_ids" not in batch["pairs"]

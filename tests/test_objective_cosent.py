@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from training.data import ScoredPair
+from core.data import ScoredPair
 from training.objectives import cosent as cosent_mod
 from training.objectives import get_objective
-from training.objectives.cosent import CoSENT, CoSENTCrossEncoder, cosent_loss
+from training.objectives.cosent import CoSENT, CoSENTCrossEncoder, CoSENTSettings, cosent_loss
 
 SENTS = [
     ("a man is playing a guitar .", "a man plays the guitar .", 4.8),
@@ -74,7 +74,7 @@ def test_registry_and_attributes(tiny_encoder):
     obj = CoSENT(tiny_encoder)
     assert obj.scale == 20.0 and obj.encoder.pooling == "mean"
     tiny_encoder.pooling = "cls"
-    assert CoSENT(tiny_encoder, pooling=None).encoder.pooling == "cls"  # None keeps the encoder's
+    assert CoSENT(tiny_encoder, CoSENTSettings(pooling=None)).encoder.pooling == "cls"  # None keeps the encoder's
 
 
 def test_siamese_forward_matches_numpy(tiny_encoder):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from numpy_reference import np_info_nce
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 from training.objectives import get_objective
-from training.objectives.infocse import InfoCSE
+from training.objectives.infocse import InfoCSE, InfoCSESettings
 
 TEXTS = [
     "A man is playing a guitar.",
@@ -43,7 +43,7 @@ def np_masked_ce(logits: np.ndarray, labels: np.ndarray) -> float:
 
 def stage2(encoder, **kw) -> InfoCSE:
     """An objective past prepare() without stage-1 training (stage1 steps=0)."""
-    obj = InfoCSE(encoder, **kw)
+    obj = InfoCSE(encoder, InfoCSESettings(**kw))
     obj.prepare(TEXTS, CPU, steps=0)
     return obj
 
@@ -58,10 +58,10 @@ def test_registry_and_paper_defaults(tiny_encoder):
     assert tiny_encoder.pooling == "cls"
     assert obj.tap_layer == 1  # 2 layers: the middle one (the paper's 6 of 12)
     assert len(obj.extra_layers.layers) == 2
-    assert InfoCSE(tiny_encoder, tap_layer=2).tap_layer == 2
+    assert InfoCSE(tiny_encoder, InfoCSESettings(tap_layer=2)).tap_layer == 2
     for bad in (0, 3):
         with pytest.raises(ValueError):
-            InfoCSE(tiny_encoder, tap_layer=bad)
+            InfoCSE(tiny_encoder, InfoCSESettings(tap_layer=bad))
 
 
 def test_aux_input_is_top_cls_then_tap_layer_states(tiny_encoder):
@@ -234,7 +234,7 @@ def test_stage1_lowers_the_pretraining_loss(tiny_encoder):
 
 
 def test_stage1_can_leave_the_encoder_alone(tiny_encoder):
-    obj = InfoCSE(tiny_encoder, stage1_train_encoder=False)
+    obj = InfoCSE(tiny_encoder, InfoCSESettings(stage1_train_encoder=False))
     before = {k: v.detach().clone() for k, v in tiny_encoder.state_dict().items()}
     extra = obj.extra_layers.layers[0].attention.self.query.weight.detach().clone()
     transform = obj.mlm_head.transform.dense.weight.detach().clone()
@@ -301,7 +301,8 @@ def test_inference_encoder_is_the_encoder_alone(tiny_encoder):
 
 
 def test_keywords(tiny_encoder):
-    obj = InfoCSE(tiny_encoder, pooling="mean", max_length=8, projection="bn_mlp", extra_layers_init="top")
+    settings = InfoCSESettings(pooling="mean", max_length=8, projection="bn_mlp", extra_layers_init="top")
+    obj = InfoCSE(tiny_encoder, settings)
     assert tiny_encoder.pooling == "mean"
     batch = obj.collate(["word " * 50, "short one"])
     assert batch["features"]["input_ids"].shape == (4, 8) and batch["mlm"]["input_ids"].shape == (2, 8)
@@ -374,20 +375,20 @@ def test_condenser_checkpoint_becomes_the_auxiliary_network(condenser_dir):
 
 def test_condenser_head_from_another_directory_and_mismatches(tiny_encoder, condenser_dir):
     path, condenser = condenser_dir
-    obj = InfoCSE(tiny_encoder, aux_from=str(path))
+    obj = InfoCSE(tiny_encoder, InfoCSESettings(aux_from=str(path)))
     assert obj.aux_source == str(path) and obj.mlm_head_source == "fresh"
     torch.testing.assert_close(obj.extra_layers.layers[0].attention.self.query.weight,
                                condenser.c_head[0].attention.self.query.weight)
     with pytest.raises(ValueError, match="2 head layers"):
-        InfoCSE(tiny_encoder, aux_from=str(path), num_extra_layers=1)
+        InfoCSE(tiny_encoder, InfoCSESettings(aux_from=str(path), num_extra_layers=1))
     assert InfoCSE(tiny_encoder).aux_source == "random"  # no model.pt: fresh extra layers
     with pytest.raises(FileNotFoundError, match="Condenser"):  # asked for by name: must be there
-        InfoCSE(tiny_encoder, aux_from=str(path.parent))
+        InfoCSE(tiny_encoder, InfoCSESettings(aux_from=str(path.parent)))
 
 
 # ---------- the official stage-2 recipe ----------
 def test_bn_mlp_is_the_official_projection_over_both_views(tiny_encoder):
-    obj = InfoCSE(tiny_encoder, projection="bn_mlp")
+    obj = InfoCSE(tiny_encoder, InfoCSESettings(projection="bn_mlp"))
     lin1, bn1, act, lin2, bn2 = obj.mlp
     assert (lin1.in_features, lin1.out_features, lin1.bias) == (32, 64, None)
     assert bn1.num_features == 64 and bn1.affine and isinstance(act, torch.nn.ReLU)
@@ -425,12 +426,12 @@ def test_official_recipe_preset_resolves(tiny_encoder):
     assert cfg.base_model == "Luyu/condenser"
     official = {"pooling": "cls", "projection": "bn_mlp", "stage1_steps": 0, "aux_from": "Luyu/condenser",
                 "aux_lower_dropout": False}
-    assert cfg.objective == official
+    assert cfg.objective == InfoCSESettings(**official)  # the rest: the paper's defaults
     paper_simcse = dataclasses.replace(make_config("simcse", "paper"), preset="paper-official")
     assert make_config("simcse", "paper-official") == paper_simcse  # other methods: their paper's
     assert PRESETS["paper"]["infocse"]["lr"] == 3e-5  # the paper's text stays the `paper` preset
 
-    obj = InfoCSE(tiny_encoder, **{**cfg.objective, "aux_from": None})  # no hub here: the tiny model
+    obj = InfoCSE(tiny_encoder, dataclasses.replace(cfg.objective, aux_from=None))  # no hub here: the tiny model
     assert isinstance(obj.mlp[1], torch.nn.BatchNorm1d) and obj.stage1["steps"] == 0
     obj.prepare(TEXTS, CPU)
     obj.train()

@@ -8,7 +8,8 @@ import torch
 from numpy_reference import np_info_nce
 
 from training.objectives import get_objective
-from training.objectives.simcse import SimCSE, info_nce
+from training.objectives.losses import info_nce
+from training.objectives.simcse import SimCSE, SimCSESettings
 
 TEXTS = [
     "A man is playing a guitar.",
@@ -105,14 +106,14 @@ def test_inference_encoder_is_raw_cls_without_mlp(tiny_encoder):
         cls = enc.transformer(**feats).last_hidden_state[:, 0]
     torch.testing.assert_close(emb, cls)
     # the supervised-SimCSE variant keeps the MLP as the exported head
-    kept = SimCSE(tiny_encoder, mlp_only_train=False).inference_encoder()
+    kept = SimCSE(tiny_encoder, SimCSESettings(mlp_only_train=False)).inference_encoder()
     assert kept.head is not None and kept.transformer is tiny_encoder.transformer
 
 
 def test_keywords_pooling_and_max_length(tiny_encoder):
-    obj = SimCSE(tiny_encoder, pooling="mean", max_length=8)
+    obj = SimCSE(tiny_encoder, SimCSESettings(pooling="mean", max_length=8))
     assert tiny_encoder.pooling == "mean"
     batch = obj.collate(["word " * 50])
     assert batch["features"]["input_ids"].shape == (2, 8)
     assert tiny_encoder.max_seq_length == 32  # training truncation leaves the served length alone
-    assert SimCSE(tiny_encoder, max_length=1000).max_length == tiny_encoder.max_seq_length
+    assert SimCSE(tiny_encoder, SimCSESettings(max_length=1000)).max_length == tiny_encoder.max_seq_length

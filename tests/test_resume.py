@@ -105,7 +105,7 @@ def test_changed_config_is_refused_unless_allowed(tiny_model_dir, shared_data, t
     changed = dataclasses.replace(cfg, resume=run_dir, lr=5e-4, objective={"scale": 10.0})
     with pytest.raises(ValueError) as err:
         train(changed, run_dir, **quiet)
-    assert "lr: 0.001 → 0.0005" in str(err.value) and "objective.scale: '(unset)' → 10.0" in str(err.value)
+    assert "lr: 0.001 → 0.0005" in str(err.value) and "objective.scale: 20.0 → 10.0" in str(err.value)
     assert "allow_config_change" in str(err.value)
     assert (run_dir / "config.json").read_text() == saved  # the run's config is not overwritten
 
@@ -114,7 +114,7 @@ def test_changed_config_is_refused_unless_allowed(tiny_model_dir, shared_data, t
     assert json.loads((run_dir / "config.json").read_text())["lr"] == 5e-4  # the config now in effect
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["config_changes"] for r in rows if "config_changes" in r] == [
-        ["lr: 0.001 → 0.0005", "objective.scale: '(unset)' → 10.0"]]
+        ["lr: 0.001 → 0.0005", "objective.scale: 20.0 → 10.0"]]
 
 
 def test_cli_resume_takes_the_runs_config(tmp_path):
@@ -161,3 +161,21 @@ def test_training_loads_sdpa_attention(tiny_model_dir, shared_data, tmp_path, mo
     monkeypatch.setattr(trainer.SentenceEncoder, "from_pretrained", spy)
     train(_config("cosent", tiny_model_dir, shared_data, tmp_path, max_steps=1), tmp_path / "run", **quiet)
     assert loaded[0].transformer.config._attn_implementation == "sdpa"
+
+
+def test_checkpoints_load_without_unpickling_objects(tmp_path):
+    """RNG states are stored as tensors, lists and numbers: the weights_only load restores every stream."""
+    import random
+
+    import numpy as np
+
+    from training.resume import rng_state, set_rng_state
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.standard_normal()  # numpy now holds a cached Gaussian: part of its state too
+    save_checkpoint({"rng": [rng_state()], "weights": torch.ones(2)}, tmp_path / CHECKPOINT)
+    expected = (torch.rand(3), np.random.standard_normal(3), random.random())
+
+    set_rng_state(load_checkpoint(tmp_path / CHECKPOINT)["rng"][0])  # load_checkpoint: weights_only=True
+    got = (torch.rand(3), np.random.standard_normal(3), random.random())
+    assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]) and got[2] == expected[2]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from evaluation import beir
+from core import beir
 from training.selection import Evaluator, make_evaluator
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -30,8 +30,7 @@ def test_retrieval_selection_is_ndcg_at_10_through_the_harness(tiny_encoder, tmp
     assert isinstance(perfect, Evaluator) and perfect.name == f"retrieval:{tmp_path / 'a'}:test nDCG@10"
     assert perfect(tiny_encoder) == pytest.approx(100.0)
 
-    from evaluation.metrics import evaluate_run
-    from evaluation.retrieval import search_in_process
+    from core.ranking import evaluate_run, search_in_process
 
     wrong = _beir_set(tmp_path / "b", split="dev", swap=True)
     got = make_evaluator(f"retrieval:{wrong}:dev")(tiny_encoder)
@@ -84,7 +83,7 @@ class LetterCounts:
 
 
 def test_stsb_dev_selection_is_the_harness_stsb_dev(shared_data):
-    from evaluation.sts import stsb_dev_spearman
+    from core.sts import stsb_dev_spearman
 
     ev = make_evaluator("stsb-dev", data_dir=shared_data)
     assert ev.name == "STS-B dev Spearman"

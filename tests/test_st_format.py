@@ -1,13 +1,14 @@
 """The saved encoder is a real sentence-transformers directory, and we load any such directory as ST does."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -107,3 +108,23 @@ def test_the_exporter_serves_a_sentence_transformers_directory_as_it_encodes(st_
     raw = session.run(["embedding_raw"], feeds)[0]
     _, expected = _st_encode(st_saved_dir)
     np.testing.assert_allclose(raw, expected, atol=1e-5)
+
+
+class _Tripwire:
+    """Unpickling this calls Path.touch on `path`: a stand-in for code a pickle can run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_pickled_head_is_refused_without_being_unpickled(tiny_encoder, tmp_path):
+    model_dir = tmp_path / "old-best"  # the layout before directories were sentence-transformers ones
+    tiny_encoder.transformer.save_pretrained(model_dir)
+    tiny_encoder.tokenizer.save_pretrained(model_dir)
+    torch.save(_Tripwire(tmp_path / "ran"), model_dir / "head.pt")
+    with pytest.raises(ValueError, match="pickled head"):
+        SentenceEncoder.from_pretrained(model_dir)
+    assert not (tmp_path / "ran").exists()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from training import data
-from training.data import PairExample, ScoredPair, load_examples
+from core import data
+from core.data import PairExample, ScoredPair, load_examples
 from training.sampling import MixedLabelBatchSampler, make_batch_sampler
 
 # --- real files (row counts from the data folder's README) -------------------------------------

@@ -2,17 +2,21 @@
 
 `quick` fits a CPU run of minutes on the embedded all-MiniLM-L6-v2; `paper` is each paper's own
 setting (a GPU and a hub checkpoint such as bert-base-uncased, and the paper's training data).
-A preset is a plain dict of overrides on `TrainConfig`; `objective` holds the objective's keyword
-arguments (its defaults are the paper's, so `paper` rarely needs to name any).
+A preset is a plain dict of overrides on `TrainConfig`; its `objective` holds overrides of the objective's
+settings dataclass (training/objectives/<method>.py: the paper's defaults, so `paper` rarely names any).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from training.objectives import get_objective, make_settings
+from training.objectives.base import ObjectiveSettings
 
 
 @dataclass
@@ -21,7 +25,7 @@ class TrainConfig:
     preset: str = "quick"
     base_model: str = "default"  # "default" = the embedded all-MiniLM-L6-v2
     data_dir: Path | None = None  # where named sources (stsb, sick, snli) live
-    train_data: str = ""  # a training.data.load_examples source, e.g. "stsb:train", "text:<file>"
+    train_data: str = ""  # a core.data.load_examples source, e.g. "stsb:train", "text:<file>"
     train_limit: int | None = None  # keep the first N training examples
     # The served length (None: the model's own); objectives truncate training text with their max_length.
     max_seq_length: int | None = None
@@ -46,20 +50,21 @@ class TrainConfig:
     select: str = "stsb-dev"  # what picks the best checkpoint: training.selection.make_evaluator
     seed: int = 42
     num_workers: int = 0
-    objective: dict[str, Any] = field(default_factory=dict)
+    # The objective's settings dataclass (training/objectives/<method>.py); a mapping given here (a preset's or
+    # --objective's key=values) is built into it over the paper's defaults, unknown keys refused.
+    objective: ObjectiveSettings | Mapping[str, Any] = field(default_factory=dict)
     runs_dir: Path = Path("runs")
     models_dir: Path = Path("models")
     resume: Path | None = None  # a run directory whose checkpoint to continue from
     allow_config_change: bool = False  # resume even if settings differ from the checkpoint's
 
     def __post_init__(self) -> None:
+        self.objective = make_settings(self.method, self.objective)
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if self.grad_cache is not None and self.grad_cache < 1:
             raise ValueError(f"grad_cache must be >= 1 or None, got {self.grad_cache}")
         if self.grad_accum > 1 or self.grad_cache:
-            from training.objectives import get_objective
-
             objective = get_objective(self.method)
             cache = "set grad_cache=<mini-batch> with the whole batch_size, " if objective.row_groups else ""
             if self.grad_accum > 1 and objective.in_batch:
@@ -143,7 +148,7 @@ def make_config(method: str, preset: str = "quick", **overrides: Any) -> TrainCo
     if method not in PRESETS[preset]:
         raise ValueError(f"unknown METHOD {method!r}; choose from {', '.join(PRESETS[preset])}")
     values = {"method": method, "preset": preset, **PRESETS[preset][method]}
-    objective = {**values.pop("objective", {}), **(overrides.pop("objective", None) or {})}
+    objective = {**values.pop("objective", {}), **(overrides.pop("objective", None) or {})}  # each a mapping
     values.update({k: v for k, v in overrides.items() if v is not None})
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(values) - names

@@ -17,11 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder, model_inputs
 
 CONFIG_FILE = "cross_encoder.json"
 HEAD_FILE = "score_head.safetensors"
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def is_cross_encoder_dir(path: str | Path) -> bool:
@@ -83,7 +82,7 @@ class CrossEncoder(nn.Module):
         """Each pair as one sequence, padded to the batch's longest; too long: the longer side is cut first."""
         batch = self.tokenizer(first, second, padding=True, truncation="longest_first",
                                max_length=self.max_seq_length, return_tensors="pt")
-        return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+        return model_inputs(batch)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}

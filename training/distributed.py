@@ -20,10 +20,6 @@ def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
 
 
-def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
 def _check_equal_rows(t: torch.Tensor) -> None:
     # Unequal shapes would hang or crash inside all_gather; every rank sees the same sizes, so all
     # of them raise together instead.

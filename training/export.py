@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.data import find_source_dir, read_stsb
+from core.default_model import model_label, resolve_model
+from core.encoder import POOLINGS, SentenceEncoder
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from training import quantize
 from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
-from training.data import find_source_dir, read_stsb
-from training.default_model import model_label, resolve_model
-from training.encoder import POOLINGS, SentenceEncoder
 
 log = logging.getLogger("sembed.export")
 

@@ -44,15 +44,17 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    # numpy's and python's RNG states are plain tuples / arrays, hence weights_only=False.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    # weights_only: tensors and plain containers only, so a checkpoint cannot run code when it loads
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors, lists and numbers (what a weights_only load accepts)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy": np.random.get_state(),
+        "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
         "python": random.getstate(),
     }
 
@@ -71,7 +73,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
 
 

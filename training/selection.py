@@ -2,15 +2,18 @@
 
     --select stsb-dev                       STS-B dev Spearman × 100 (the papers' choice; the default)
     --select retrieval:<BEIR folder>[:split] nDCG@10 × 100 on qrels/<split>.tsv (default split: dev if
-                                            the folder has one, else test), through evaluation/retrieval
+                                            the folder has one, else test), exact search (core.ranking)
     --select pairs:<file.tsv>               Spearman × 100 of cosine against gold on tab-separated
                                             sentence1, sentence2, score rows (a header row is skipped)
     --select last                           no dev set: the last evaluation always wins
 
 The trainer sees only the `Evaluator` protocol (a name, and `evaluator(encoder) -> float`, higher is
-better), as sentence-transformers' trainer takes a SentenceEvaluator. The evaluation harness is
-imported when an evaluator is built, never when training is imported, so evaluation may import
-training without a cycle. A relative path that does not exist as given is looked up under data_dir.
+better), as sentence-transformers' trainer takes a SentenceEvaluator. The measurements come from the
+shared layer below training and evaluation (core.sts: STS Spearman; core.beir + core.ranking: BEIR
+sets, exact search, nDCG), the same code the evaluation harness reports with, so training never
+imports evaluation (the import contracts in pyproject.toml check it). A caller with another measure
+passes its own Evaluator to training.trainer.train. A relative path that does not exist as given is
+looked up under data_dir.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from training.encoder import SentenceEncoder
+from core import beir
+from core.encoder import SentenceEncoder
+from core.ranking import evaluate_run, search_in_process
+from core.sts import StsTask, score_task, score_task_pairs, stsb_dev_pair_spearman, stsb_dev_spearman
 
 EVAL_BATCH_SIZE = 128  # inference only: larger batches than training, still small on a CPU
 RETRIEVAL_DEPTH = 10  # nDCG@10 needs the top 10 only
@@ -35,10 +41,10 @@ class Evaluator(Protocol):
 
 
 class _Embedder:
-    """The harness's Embedder contract over the encoder being trained (eval mode, normalised)."""
+    """core.sts.TextEncoder over the encoder being trained (eval mode, normalised)."""
 
     def __init__(self, encoder: SentenceEncoder):
-        self.encoder, self.name = encoder, "training"
+        self.encoder = encoder
 
     def encode(self, texts: list[str]):
         return self.encoder.encode(list(texts), batch_size=EVAL_BATCH_SIZE, normalize=True)
@@ -53,8 +59,6 @@ class StsbDev:
         self.data_dir = data_dir
 
     def __call__(self, encoder: SentenceEncoder) -> float:
-        from evaluation.sts import stsb_dev_pair_spearman, stsb_dev_spearman
-
         if hasattr(encoder, "score_pairs"):  # a cross-encoder: Spearman of its own pair scores
             return stsb_dev_pair_spearman(lambda a, b: encoder.score_pairs(a, b, batch_size=EVAL_BATCH_SIZE),
                                           self.data_dir)
@@ -63,8 +67,6 @@ class StsbDev:
 
 class PairsSpearman:
     def __init__(self, path: Path):
-        from evaluation.sts_data import StsTask
-
         rows = []
         with open(path, encoding="utf-8", newline="") as f:
             for line_no, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
@@ -85,29 +87,19 @@ class PairsSpearman:
         self.name = f"pairs:{path} Spearman"
 
     def __call__(self, encoder: SentenceEncoder) -> float:
-        from evaluation.sts import score_task
-
         if hasattr(encoder, "score_pairs"):  # a cross-encoder: Spearman of its own pair scores
-            from scipy.stats import spearmanr
-
-            scores = encoder.score_pairs(self.task.sentences1, self.task.sentences2, batch_size=EVAL_BATCH_SIZE)
-            return float(100 * spearmanr(scores, self.task.scores).statistic)
+            return score_task_pairs(self.task, lambda a, b: encoder.score_pairs(a, b, batch_size=EVAL_BATCH_SIZE))
         return score_task(self.task, _Embedder(encoder).encode)
 
 
 class RetrievalNdcg:
     def __init__(self, folder: Path, split: str):
-        from evaluation import beir
-
         self.data = beir.load(folder, split)  # once: the folder is read before training starts
         self.name = f"retrieval:{folder}:{split} nDCG@10"
 
     def __call__(self, encoder: SentenceEncoder) -> float:
         if hasattr(encoder, "score_pairs"):
             raise ValueError(f"{self.name} needs embeddings; a cross-encoder is selected with stsb-dev or pairs:")
-        from evaluation.metrics import evaluate_run
-        from evaluation.retrieval import search_in_process
-
         run = search_in_process(_Embedder(encoder), self.data, depth=RETRIEVAL_DEPTH)
         return 100 * evaluate_run(self.data.qrels, run)["nDCG@10"]
 

@@ -22,10 +22,10 @@ import json
 import sys
 from pathlib import Path
 
+from core.default_model import model_label
+from core.encoder import SentenceEncoder
 from training.config import PRESETS, TrainConfig, make_config
 from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
-from training.default_model import model_label
-from training.encoder import SentenceEncoder
 from training.export import export_onnx
 from training.objectives import METHODS
 from training.resume import config_from_json
@@ -53,7 +53,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--base", dest="base_model", help="base model: HF/sentence-transformers dir or hub "
                         "name (default: the preset's; quick = the embedded all-MiniLM-L6-v2)")
     parser.add_argument("--data-dir", type=Path, help="folder holding the training/dev data sources")
-    parser.add_argument("--train-data", help="training source, see training.data.load_examples")
+    parser.add_argument("--train-data", help="training source, see core.data.load_examples")
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--select", help="what picks the best checkpoint: stsb-dev (default), "
                         "retrieval:<BEIR folder>[:split] (nDCG@10), pairs:<tsv of sentence1, sentence2, score> "
@@ -64,7 +64,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help=f"any TrainConfig field: {', '.join(f.name for f in dataclasses.fields(TrainConfig))}")
     parser.add_argument("--objective", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="keyword arguments of the objective (its paper's hyper-parameters)")
+                        help="fields of the objective's settings dataclass (its paper's hyper-parameters)")
     args = parser.parse_args(argv)
     overrides = _parse_assignments(args.set)
     for name in ("base_model", "data_dir", "train_data", "max_steps", "resume", "select"):
@@ -85,7 +85,7 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     if unknown:
         raise SystemExit(f"unknown setting(s) {sorted(unknown)}")
     saved = dataclasses.replace(saved, resume=None, allow_config_change=False)  # this session's, not the run's
-    return dataclasses.replace(saved, objective={**saved.objective, **objective}, **overrides)
+    return dataclasses.replace(saved, objective={**dataclasses.asdict(saved.objective), **objective}, **overrides)
 
 
 def train_and_export(cfg: TrainConfig, log=print) -> Path | None:

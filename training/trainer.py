@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
+from core.data import load_examples
+from core.default_model import model_label, resolve_model
+from core.encoder import SentenceEncoder
 from training.config import TrainConfig
-from training.data import load_examples
-from training.default_model import model_label, resolve_model
-from training.encoder import SentenceEncoder
 from training.gradcache import cached_step
 from training.objectives import get_objective
 from training.optim import build_optimizer
@@ -145,7 +145,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
     encoder = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length,
                                               attn_implementation="sdpa")
     encoder.base_model = model_label(cfg.base_model)
-    objective = get_objective(cfg.method)(encoder, **cfg.objective)
+    objective = get_objective(cfg.method)(encoder, cfg.objective)
     examples = load_examples(objective.data_kind, cfg.train_data, cfg.data_dir, limit=cfg.train_limit)
     if len(examples) < 2:
         raise ValueError(f"{cfg.train_data!r} gave {len(examples)} training examples; need at least 2")

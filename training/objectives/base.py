@@ -2,21 +2,71 @@
 
 The loop only ever does: `batch = objective.collate(examples)`, `out = objective(batch)`,
 `out["loss"].backward()`, and at the end exports `objective.inference_encoder()`. Everything
-particular to a paper (heads, augmentation, auxiliary networks, caches) lives in its objective.
+particular to a paper (heads, augmentation, auxiliary networks, caches) lives in its objective, and
+its hyper-parameters in a settings dataclass beside it (the paper's defaults), which TrainConfig holds.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
 
-from training.encoder import SentenceEncoder
+from core.encoder import SentenceEncoder
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSettings:
+    """Base of each objective's settings: built from a preset's or the command line's key=values."""
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
+        """The paper's defaults with `values` over them; unknown keys and values of the wrong type are refused."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} setting(s) {unknown}; known: {', '.join(known)}")
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _has_type(value, hints[f.name]):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be {_type_name(hints[f.name])}, got {value!r}")
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(h) for h in typing.get_args(hint))
+    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """isinstance for the field types settings use: scalars, Path, None and unions of them."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_has_type(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:  # an int is a float here, as in Python's own numeric tower; a bool is not
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is Path:  # a path from the command line is a string
+        return isinstance(value, str | Path)
+    return isinstance(value, hint)
 
 
 class Objective(nn.Module):
     name: ClassVar[str]
+    #: the dataclass of its hyper-parameters (the paper's defaults), beside the objective in its module
+    settings_type: ClassVar[type[ObjectiveSettings]]
     #: which examples `collate` takes: "unlabeled" (str), "pairs" (PairExample), "scored" (ScoredPair)
     data_kind: ClassVar[str]
     #: a training.sampling.SAMPLERS name, or None for a plain shuffle (CoSENT needs mixed labels)
@@ -28,9 +78,10 @@ class Objective(nn.Module):
     #: `embed` / `loss_from_embedded` methods; None: not supported
     row_groups: ClassVar[dict[str, int] | None] = None
 
-    def __init__(self, encoder: SentenceEncoder):
+    def __init__(self, encoder: SentenceEncoder, settings: ObjectiveSettings):
         super().__init__()
         self.encoder = encoder
+        self.settings = settings
 
     def prepare(self, examples: list, device: torch.device) -> None:
         """Once before training, with every training example (CLSR caches frozen embeddings here).

@@ -20,6 +20,7 @@ For the same reason a training checkpoint holds e and h only (checkpoint_state_d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -27,12 +28,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from training.data import PairExample
+from core.data import PairExample
+from core.encoder import SentenceEncoder, model_inputs
 from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
-from training.objectives.base import Objective
-
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+from training.objectives.base import Objective, ObjectiveSettings
 
 
 class MLPEncoder(nn.Sequential):
@@ -82,6 +81,19 @@ def nt_xent(za: torch.Tensor, zb: torch.Tensor, temperature: float = 0.1) -> tor
     return F.cross_entropy(logits, positive_col)  # −log softmax at b, mean over the 2m anchors
 
 
+@dataclass(frozen=True)
+class CLSRSettings(ObjectiveSettings):
+    """CLSR's settings (`--objective key=value`); the defaults are the paper's, see CLSR."""
+
+    temperature: float = 0.1
+    hidden_dim: int = 768
+    out_dim: int = 768
+    proj_dim: int = 768
+    output_relu: bool = False
+    pooling: str = "mean"
+    cache_batch_size: int = 256
+
+
 class CLSR(Objective):
     """Frozen transformer + mean pooling (cached) → e (MLP) → h (linear) → NT-Xent (Eq. 1).
 
@@ -95,27 +107,19 @@ class CLSR(Objective):
 
     name: ClassVar[str] = "clsr"
     data_kind: ClassVar[str] = "pairs"
+    settings_type: ClassVar[type[ObjectiveSettings]] = CLSRSettings
     batch_sampler: ClassVar[str | None] = None
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        temperature: float = 0.1,
-        hidden_dim: int = 768,
-        out_dim: int = 768,
-        proj_dim: int = 768,
-        output_relu: bool = False,
-        pooling: str = "mean",
-        cache_batch_size: int = 256,
-    ):
-        super().__init__(encoder)
-        encoder.pooling = pooling
+    def __init__(self, encoder: SentenceEncoder, settings: CLSRSettings | None = None):
+        settings = settings or CLSRSettings()
+        super().__init__(encoder, settings)
+        encoder.pooling = settings.pooling
         encoder.requires_grad_(False)  # m is frozen: transformer (and any head it already has)
         encoder.eval()
-        self.temperature = temperature
-        self.cache_batch_size = cache_batch_size
-        self.e = MLPEncoder(encoder.dim, hidden_dim, out_dim, output_relu)
-        self.h = nn.Linear(out_dim, proj_dim)
+        self.temperature = settings.temperature
+        self.cache_batch_size = settings.cache_batch_size
+        self.e = MLPEncoder(encoder.dim, settings.hidden_dim, settings.out_dim, settings.output_relu)
+        self.h = nn.Linear(settings.out_dim, settings.proj_dim)
         # Plain attributes, not buffers: they stay on the CPU (collate indexes them in DataLoader
         # workers) and out of checkpoints.
         self._cache_index: dict[str, int] = {}
@@ -152,7 +156,7 @@ class CLSR(Objective):
         if missing:
             batch["missing"] = torch.tensor(missing, dtype=torch.long)
             features = self.encoder.tokenize([texts[i] for i in missing])
-            batch["missing_features"] = {k: v for k, v in features.items() if k in _MODEL_INPUTS}
+            batch["missing_features"] = model_inputs(features)
         return batch
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

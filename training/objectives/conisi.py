@@ -20,7 +20,7 @@ With h the pooled [CLS] state of each input (Eq. 1, 5):
 So f(h) = W3·g(h) + b3: the interaction classifier is one linear layer on top of the CL head.
 Inference: the [CLS] of the single-sentence input, no head (§4.2).
 
-Readings where the paper is ambiguous (all keywords):
+Readings where the paper is ambiguous (all ConIsISettings fields):
 - W3 (`logit_dim`). Eq. 7 says W3 ∈ R^{d×d} and r ∈ R^d, but Eq. 8 exponentiates r as one
   number per pair ("predict whether each pair is in the same category"). Default logit_dim=1:
   W3 ∈ R^{1×d}, one logit per pair, Eq. 8 as written. logit_dim=None takes the stated shape
@@ -59,6 +59,7 @@ Readings where the paper is ambiguous (all keywords):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.encoder import SentenceEncoder, model_inputs
 from training.augment.construct import (
     ANTONYM_PROBABILITY,
     SUBWORD_PROPORTION,
@@ -76,9 +78,8 @@ from training.augment.construct import (
 )
 from training.augment.wordnet import DEFAULT_WORDNET_DIR, Antonyms
 from training.distributed import gather_with_grad, is_distributed, local_slice
-from training.encoder import SentenceEncoder
-from training.objectives.base import Objective
-from training.objectives.simcse import info_nce, model_inputs
+from training.objectives.base import Objective, ObjectiveSettings
+from training.objectives.losses import info_nce
 
 STRATEGIES = ("o1", "o2", "s")
 BATCHNORM_MODES = ("joint", "separate")
@@ -92,61 +93,67 @@ def default_interactive_weight(config) -> float:
     return 0.8
 
 
+@dataclass(frozen=True)
+class ConIsISettings(ObjectiveSettings):
+    """ConIsI's settings (`--objective key=value`); the defaults are the paper's, see ConIsI."""
+
+    strategy: str = "s"
+    interactive_weight: float | None = None
+    temperature: float = 0.05
+    pooling: str | None = "cls"
+    max_length: int | None = 32
+    subword_proportion: float = SUBWORD_PROPORTION
+    subword_random_share: float = SUBWORD_RANDOM_SHARE
+    antonym_probability: float = ANTONYM_PROBABILITY
+    antonym_at_least_one: bool = True
+    ensure_different: bool = True
+    wordnet_dir: str | Path = DEFAULT_WORDNET_DIR
+    batchnorm: str = "joint"
+    logit_dim: int | None = 1
+    sync_batchnorm: bool = True
+
+
 class ConIsI(Objective):
     name: ClassVar[str] = "conisi"
     data_kind: ClassVar[str] = "unlabeled"
+    settings_type: ClassVar[type[ObjectiveSettings]] = ConIsISettings
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        strategy: str = "s",
-        interactive_weight: float | None = None,
-        temperature: float = 0.05,
-        pooling: str | None = "cls",
-        max_length: int | None = 32,
-        subword_proportion: float = SUBWORD_PROPORTION,
-        subword_random_share: float = SUBWORD_RANDOM_SHARE,
-        antonym_probability: float = ANTONYM_PROBABILITY,
-        antonym_at_least_one: bool = True,
-        ensure_different: bool = True,
-        wordnet_dir: str | Path = DEFAULT_WORDNET_DIR,
-        batchnorm: str = "joint",
-        logit_dim: int | None = 1,
-        sync_batchnorm: bool = True,
-    ):
-        super().__init__(encoder)
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
-        if batchnorm not in BATCHNORM_MODES:
-            raise ValueError(f"unknown batchnorm {batchnorm!r}; choose from {BATCHNORM_MODES}")
-        if pooling is not None:
-            encoder.pooling = pooling
+    def __init__(self, encoder: SentenceEncoder, settings: ConIsISettings | None = None):
+        settings = settings or ConIsISettings()
+        super().__init__(encoder, settings)
+        if settings.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {settings.strategy!r}; choose from {STRATEGIES}")
+        if settings.batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"unknown batchnorm {settings.batchnorm!r}; choose from {BATCHNORM_MODES}")
+        if settings.pooling is not None:
+            encoder.pooling = settings.pooling
         config = encoder.transformer.config
-        self.strategy = strategy
+        self.strategy = settings.strategy
         self.interactive_weight = (
-            default_interactive_weight(config) if interactive_weight is None else float(interactive_weight)
+            default_interactive_weight(config) if settings.interactive_weight is None
+            else float(settings.interactive_weight)
         )
-        self.temperature = temperature
-        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
+        self.temperature = settings.temperature
+        self.max_length = min(settings.max_length or encoder.max_seq_length, encoder.max_seq_length)
         limit = getattr(config, "max_position_embeddings", 512) - (2 if config.model_type in ROBERTA_TYPES else 0)
         self.pair_max_length = min(2 * self.max_length, limit)  # "set double" (§3.1.3)
-        self.subword_proportion = subword_proportion
-        self.subword_random_share = subword_random_share
-        self.antonym_probability = antonym_probability
-        self.antonym_at_least_one = antonym_at_least_one
-        self.ensure_different = ensure_different
-        self.antonyms = Antonyms(wordnet_dir)
-        if strategy == "o2":
+        self.subword_proportion = settings.subword_proportion
+        self.subword_random_share = settings.subword_random_share
+        self.antonym_probability = settings.antonym_probability
+        self.antonym_at_least_one = settings.antonym_at_least_one
+        self.ensure_different = settings.ensure_different
+        self.antonyms = Antonyms(settings.wordnet_dir)
+        if settings.strategy == "o2":
             self.antonyms.check()  # fail now, with the apt package named, not in a DataLoader worker
         special = set(encoder.tokenizer.all_special_ids)
         # a plain CPU tensor, not a buffer: collate runs on CPU (in DataLoader workers)
         self.vocab_ids = torch.tensor([i for i in range(len(encoder.tokenizer)) if i not in special])
-        self.batchnorm = batchnorm
-        self.sync_batchnorm = sync_batchnorm
+        self.batchnorm = settings.batchnorm
+        self.sync_batchnorm = settings.sync_batchnorm
         d = encoder.dim
         # g (Eq. 2) = the W2/b2/BN/ELU part of f (Eq. 6): one module serves both
         self.head = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
-        self.classifier = nn.Linear(d, d if logit_dim is None else logit_dim)  # W3, b3 (Eq. 7)
+        self.classifier = nn.Linear(d, d if settings.logit_dim is None else settings.logit_dim)  # W3, b3 (Eq. 7)
 
     def prepare(self, examples: list, device: torch.device) -> None:
         if self.strategy == "o2":

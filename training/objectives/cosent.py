@@ -15,19 +15,18 @@ shuffles by default, as in the paper's code (at batch 16+ an all-equal batch is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from core.data import ScoredPair
+from core.encoder import SentenceEncoder, model_inputs
 from training.cross_encoder import CrossEncoder
-from training.data import ScoredPair
 from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
-from training.objectives.base import Objective
+from training.objectives.base import Objective, ObjectiveSettings
 from training.sampling import SAMPLERS
-
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def cosent_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
@@ -60,6 +59,15 @@ def _gathered_loss(scores: torch.Tensor, labels: torch.Tensor, scale: float) -> 
     return cosent_loss(scores, labels, scale)
 
 
+@dataclass(frozen=True)
+class CoSENTSettings(ObjectiveSettings):
+    """CoSENT's settings (`--objective key=value`); the defaults are the paper's, see CoSENT."""
+
+    scale: float = 20.0
+    pooling: str | None = "mean"
+    batch_sampler: str | None = None
+
+
 class CoSENT(Objective):
     """Siamese CoSENT (§III-B, Fig. 2a): each side embedded separately by the shared encoder.
 
@@ -75,30 +83,27 @@ class CoSENT(Objective):
 
     name: ClassVar[str] = "cosent"
     data_kind: ClassVar[str] = "scored"
+    settings_type: ClassVar[type[ObjectiveSettings]] = CoSENTSettings
     #: GradCache layout (training/gradcache.py): [sentence1; sentence2] features and embeddings
     row_groups: ClassVar[dict[str, int]] = {"features": 2, "labels": 1}
     embed_groups: ClassVar[int] = 2
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        scale: float = 20.0,
-        pooling: str | None = "mean",
-        batch_sampler: str | None = None,
-    ):
-        super().__init__(encoder)
-        if batch_sampler is not None and batch_sampler not in SAMPLERS:
-            raise ValueError(f"unknown batch sampler {batch_sampler!r}; choose from {', '.join(SAMPLERS)} or None")
-        self.batch_sampler = batch_sampler
-        self.scale = scale
-        if pooling is not None:
-            encoder.pooling = pooling
+    def __init__(self, encoder: SentenceEncoder, settings: CoSENTSettings | None = None):
+        settings = settings or CoSENTSettings()
+        super().__init__(encoder, settings)
+        if settings.batch_sampler is not None and settings.batch_sampler not in SAMPLERS:
+            raise ValueError(f"unknown batch sampler {settings.batch_sampler!r}; "
+                             f"choose from {', '.join(SAMPLERS)} or None")
+        self.batch_sampler = settings.batch_sampler
+        self.scale = settings.scale
+        if settings.pooling is not None:
+            encoder.pooling = settings.pooling
 
     def collate(self, examples: list[ScoredPair]) -> dict[str, Any]:
         texts = [e.sentence1 for e in examples] + [e.sentence2 for e in examples]
         features = self.encoder.tokenize(texts)
         return {
-            "features": {k: v for k, v in features.items() if k in _MODEL_INPUTS},
+            "features": model_inputs(features),
             "labels": torch.tensor([float(e.label) for e in examples], dtype=torch.float32),
         }
 
@@ -115,6 +120,15 @@ class CoSENT(Objective):
         return {"loss": loss, "mean_cos": cos.detach().mean()}
 
 
+@dataclass(frozen=True)
+class CoSENTCrossEncoderSettings(ObjectiveSettings):
+    """CoSENTCrossEncoder's settings (`--objective key=value`); the defaults are the paper's, see CoSENTCrossEncoder."""
+
+    scale: float = 20.0
+    dropout: float = 0.1
+    batch_sampler: str | None = None
+
+
 class CoSENTCrossEncoder(Objective):
     """Interaction-based CoSENT (§III-B-3, Eq. 11; Fig. 2c): the ranking loss over cross-encoder logits,
 
@@ -129,15 +143,17 @@ class CoSENTCrossEncoder(Objective):
 
     name: ClassVar[str] = "cosent-cross"
     data_kind: ClassVar[str] = "scored"
+    settings_type: ClassVar[type[ObjectiveSettings]] = CoSENTCrossEncoderSettings
 
-    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, dropout: float = 0.1,
-                 batch_sampler: str | None = None):
-        super().__init__(encoder)
-        if batch_sampler is not None and batch_sampler not in SAMPLERS:
-            raise ValueError(f"unknown batch sampler {batch_sampler!r}; choose from {', '.join(SAMPLERS)} or None")
-        self.batch_sampler = batch_sampler
-        self.scale = scale
-        self.scorer = CrossEncoder.from_encoder(encoder, dropout)
+    def __init__(self, encoder: SentenceEncoder, settings: CoSENTCrossEncoderSettings | None = None):
+        settings = settings or CoSENTCrossEncoderSettings()
+        super().__init__(encoder, settings)
+        if settings.batch_sampler is not None and settings.batch_sampler not in SAMPLERS:
+            raise ValueError(f"unknown batch sampler {settings.batch_sampler!r}; "
+                             f"choose from {', '.join(SAMPLERS)} or None")
+        self.batch_sampler = settings.batch_sampler
+        self.scale = settings.scale
+        self.scorer = CrossEncoder.from_encoder(encoder, settings.dropout)
 
     def collate(self, examples: list[ScoredPair]) -> dict[str, Any]:
         return {

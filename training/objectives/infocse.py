@@ -27,7 +27,7 @@ lr 1e-4, global batch 1024, 8 epochs (stage1_steps caps it), λ_mlm 1.0, mask ra
 §2). Not stated, taken from Condenser's HF-Trainer recipe that §4.2 follows: AdamW, weight decay
 0.01, 10 % linear warm-up then linear decay, gradient clipping 1.0.
 
-Choices where the paper is silent (each a keyword):
+Choices where the paper is silent (each an InfoCSESettings field):
 - tap_layer: the paper taps layer 6 of 12; other depths tap num_layers // 2 (3 for MiniLM-L6).
 - extra_layers_init "random": Condenser initialises its head layers afresh; "top" copies the
   encoder's top layers (what Table 4's "w/o pre-training" ablation uses, with stage1_steps=0).
@@ -75,6 +75,7 @@ finds stage 1 done and skips it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -84,9 +85,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
+from core.encoder import SentenceEncoder, model_inputs, pool
 from training.distributed import global_share, is_distributed
-from training.encoder import SentenceEncoder, pool
-from training.objectives.base import Objective
+from training.objectives.base import Objective, ObjectiveSettings
 from training.objectives.infocse_aux import (
     CONDENSER_FILE,
     ExtraLayers,
@@ -95,7 +96,7 @@ from training.objectives.infocse_aux import (
     find_mlm_head_state,
     frozen_lower_copy,
 )
-from training.objectives.simcse import info_nce, model_inputs
+from training.objectives.losses import info_nce
 
 
 class ProjectionMLP(nn.Sequential):
@@ -112,6 +113,37 @@ class ProjectionMLP(nn.Sequential):
         )
 
 
+@dataclass(frozen=True)
+class InfoCSESettings(ObjectiveSettings):
+    """InfoCSE's settings (`--objective key=value`); the defaults are the paper's, see InfoCSE."""
+
+    temperature: float = 0.05
+    aux_weight: float = 1e-5
+    mask_rate: float = 0.4
+    pooling: str | None = "cls"
+    max_length: int | None = 32
+    tap_layer: int | None = None
+    num_extra_layers: int = 2
+    extra_layers_init: str = "random"
+    projection: str = "mlp"
+    mlm_head_from: str | None = None
+    aux_from: str | None = None
+    aux_lower_dropout: bool = True
+    stage1_steps: int | None = None
+    stage1_epochs: float = 8.0
+    stage1_batch_size: int = 1024
+    stage1_micro_batch_size: int | None = None
+    stage1_lr: float = 1e-4
+    stage1_weight_decay: float = 0.01
+    stage1_warmup_ratio: float = 0.1
+    stage1_max_grad_norm: float | None = 1.0
+    stage1_mask_rate: float = 0.15
+    stage1_mlm_weight: float = 1.0
+    stage1_seed: int = 0
+    stage1_amp: bool = True
+    stage1_train_encoder: bool = True
+
+
 class InfoCSE(Objective):
     """Stage 1 in prepare() (L_aux + λ_mlm·L_mlm), stage 2 in forward() (L_cl + λ·L_aux).
 
@@ -122,94 +154,70 @@ class InfoCSE(Objective):
 
     name: ClassVar[str] = "infocse"
     data_kind: ClassVar[str] = "unlabeled"
+    settings_type: ClassVar[type[ObjectiveSettings]] = InfoCSESettings
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        temperature: float = 0.05,
-        aux_weight: float = 1e-5,
-        mask_rate: float = 0.4,
-        pooling: str | None = "cls",
-        max_length: int | None = 32,
-        tap_layer: int | None = None,
-        num_extra_layers: int = 2,
-        extra_layers_init: str = "random",
-        projection: str = "mlp",
-        mlm_head_from: str | None = None,
-        aux_from: str | None = None,
-        aux_lower_dropout: bool = True,
-        stage1_steps: int | None = None,
-        stage1_epochs: float = 8.0,
-        stage1_batch_size: int = 1024,
-        stage1_micro_batch_size: int | None = None,
-        stage1_lr: float = 1e-4,
-        stage1_weight_decay: float = 0.01,
-        stage1_warmup_ratio: float = 0.1,
-        stage1_max_grad_norm: float | None = 1.0,
-        stage1_mask_rate: float = 0.15,
-        stage1_mlm_weight: float = 1.0,
-        stage1_seed: int = 0,
-        stage1_amp: bool = True,
-        stage1_train_encoder: bool = True,
-    ):
-        super().__init__(encoder)
+    def __init__(self, encoder: SentenceEncoder, settings: InfoCSESettings | None = None):
+        settings = settings or InfoCSESettings()
+        super().__init__(encoder, settings)
         transformer = encoder.transformer
         if not hasattr(getattr(transformer, "encoder", None), "layer"):
             raise ValueError("InfoCSE needs a BERT/RoBERTa-style transformer (transformer.encoder.layer)")
         if encoder.tokenizer.mask_token is None:
             raise ValueError("InfoCSE's MLM needs a tokenizer with a mask token")
         num_layers = len(transformer.encoder.layer)
-        self.tap_layer = num_layers // 2 if tap_layer is None else tap_layer
+        self.tap_layer = num_layers // 2 if settings.tap_layer is None else settings.tap_layer
         if not 1 <= self.tap_layer <= num_layers:
             raise ValueError(f"tap_layer must be in 1..{num_layers}, got {self.tap_layer}")
-        if projection not in ("mlp", "bn_mlp"):
-            raise ValueError(f"projection must be 'mlp' or 'bn_mlp', not {projection!r}")
-        if pooling is not None:
-            encoder.pooling = pooling
-        self.temperature = temperature
-        self.aux_weight = aux_weight
-        self.mask_rate = mask_rate
-        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
+        if settings.projection not in ("mlp", "bn_mlp"):
+            raise ValueError(f"projection must be 'mlp' or 'bn_mlp', not {settings.projection!r}")
+        if settings.pooling is not None:
+            encoder.pooling = settings.pooling
+        self.temperature = settings.temperature
+        self.aux_weight = settings.aux_weight
+        self.mask_rate = settings.mask_rate
+        self.max_length = min(settings.max_length or encoder.max_seq_length, encoder.max_seq_length)
         self.stage1 = {
-            "steps": stage1_steps,
-            "epochs": stage1_epochs,
-            "batch_size": stage1_batch_size,
-            "micro_batch_size": stage1_micro_batch_size,
-            "lr": stage1_lr,
-            "weight_decay": stage1_weight_decay,
-            "warmup_ratio": stage1_warmup_ratio,
-            "max_grad_norm": stage1_max_grad_norm,
-            "mask_rate": stage1_mask_rate,
-            "mlm_weight": stage1_mlm_weight,
-            "seed": stage1_seed,
-            "amp": stage1_amp,
-            "train_encoder": stage1_train_encoder,
+            "steps": settings.stage1_steps,
+            "epochs": settings.stage1_epochs,
+            "batch_size": settings.stage1_batch_size,
+            "micro_batch_size": settings.stage1_micro_batch_size,
+            "lr": settings.stage1_lr,
+            "weight_decay": settings.stage1_weight_decay,
+            "warmup_ratio": settings.stage1_warmup_ratio,
+            "max_grad_norm": settings.stage1_max_grad_norm,
+            "mask_rate": settings.stage1_mask_rate,
+            "mlm_weight": settings.stage1_mlm_weight,
+            "seed": settings.stage1_seed,
+            "amp": settings.stage1_amp,
+            "train_encoder": settings.stage1_train_encoder,
         }
 
         d = encoder.dim
-        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if projection == "mlp" else ProjectionMLP(d)
-        self.extra_layers = ExtraLayers(transformer, num_extra_layers, extra_layers_init)
+        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if settings.projection == "mlp" else ProjectionMLP(d)
+        self.extra_layers = ExtraLayers(transformer, settings.num_extra_layers, settings.extra_layers_init)
         self.mlm_head = MLMHead(transformer.config, transformer.get_input_embeddings())
-        source = mlm_head_from or getattr(transformer, "name_or_path", None) or encoder.base_model
+        source = settings.mlm_head_from or getattr(transformer, "name_or_path", None) or encoder.base_model
         state = find_mlm_head_state(source)
         if state is not None:
             self.mlm_head.load_state_dict(state, strict=False)  # W stays tied to the embeddings
         self.mlm_head_source = str(source) if state is not None else "fresh"
-        condenser_source = aux_from or source
-        condenser = find_condenser_head_state(condenser_source, download=aux_from is not None)
-        if condenser is None and aux_from is not None:  # named on purpose: random layers would be a silent miss
-            raise FileNotFoundError(f"no Condenser head ({CONDENSER_FILE} with c_head.* tensors) in {aux_from}")
+        condenser_source = settings.aux_from or source
+        condenser = find_condenser_head_state(condenser_source, download=settings.aux_from is not None)
+        # aux_from named on purpose: random layers would be a silent miss
+        if condenser is None and settings.aux_from is not None:
+            raise FileNotFoundError(f"no Condenser head ({CONDENSER_FILE} with c_head.* tensors) in "
+                                    f"{settings.aux_from}")
         if condenser is not None:
             self.extra_layers.load_condenser(condenser)
-        self.aux_source = str(condenser_source) if condenser is not None else extra_layers_init
-        self.aux_lower_dropout = aux_lower_dropout
+        self.aux_source = str(condenser_source) if condenser is not None else settings.extra_layers_init
+        self.aux_lower_dropout = settings.aux_lower_dropout
         self.aux_lower: nn.Module | None = None  # stage 2's frozen lower layers, built by prepare()
 
         tok = encoder.tokenizer
         self._special_ids = torch.tensor(sorted(set(tok.all_special_ids)), dtype=torch.long)
-        self._masker = DataCollatorForLanguageModeling(tok, mlm_probability=mask_rate, return_tensors="pt")
+        self._masker = DataCollatorForLanguageModeling(tok, mlm_probability=settings.mask_rate, return_tensors="pt")
         self._stage1_masker = DataCollatorForLanguageModeling(
-            tok, mlm_probability=stage1_mask_rate, return_tensors="pt"
+            tok, mlm_probability=settings.stage1_mask_rate, return_tensors="pt"
         )
 
     # ---------------------------------------------------------------------------------------------

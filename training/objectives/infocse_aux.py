@@ -70,10 +70,6 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
         init_bert_weights(self.transform, getattr(config, "initializer_range", 0.02))
 
-    @property
-    def tied_to(self) -> nn.Parameter:
-        return self.decoder.weight
-
     def untie(self) -> None:
         self.decoder.weight = nn.Parameter(self.decoder.weight.detach().clone())
 

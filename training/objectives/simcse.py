@@ -14,69 +14,52 @@ recipe); evaluation and export use the encoder's raw [CLS] (pooling "cls").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from training.distributed import gather_with_grad, is_distributed
-from training.encoder import SentenceEncoder
-from training.objectives.base import Objective
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+from core.encoder import SentenceEncoder, model_inputs
+from training.objectives.base import Objective, ObjectiveSettings
+from training.objectives.losses import info_nce
 
 
-def model_inputs(features) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in features.items() if k in MODEL_INPUTS}
+@dataclass(frozen=True)
+class SimCSESettings(ObjectiveSettings):
+    """SimCSE's settings (`--objective key=value`); the defaults are the paper's, see SimCSE."""
 
-
-def info_nce(queries: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Mean over local rows i of −log softmax_j(cos(q_i, k_j)/τ)[i], keys gathered over GPUs.
-
-    queries, keys: [B, d] on this rank, row i of each is a positive pair. Keys from every rank are
-    the candidates, so this rank's positives sit at rank·B + i (identity on one process). The
-    gather keeps every rank's gradient into this rank's keys, so DDP's average is the global
-    batch's gradient.
-    """
-    all_keys = gather_with_grad(keys)
-    dtype = torch.float32 if queries.dtype in (torch.float16, torch.bfloat16) else queries.dtype
-    sim = F.normalize(queries.to(dtype), dim=-1) @ F.normalize(all_keys.to(dtype), dim=-1).T / temperature
-    offset = dist.get_rank() * queries.shape[0] if is_distributed() else 0
-    labels = torch.arange(queries.shape[0], device=sim.device) + offset
-    return F.cross_entropy(sim, labels)
+    temperature: float = 0.05
+    pooling: str | None = "cls"
+    max_length: int | None = 32
+    mlp_only_train: bool = True
 
 
 class SimCSE(Objective):
     """forward: z = MLP(enc([x; x]))      (one pass over 2B rows: two independent dropout masks)
                 loss = info_nce(z[:B], z[B:], τ)
 
-    Keywords (paper defaults): temperature 0.05; pooling "cls"; max_length 32 (SimCSE's unsupervised
+    Settings (SimCSESettings, paper defaults): temperature 0.05; pooling "cls"; max_length 32 (SimCSE's unsupervised
     max_seq_length; capped by the encoder's own limit); mlp_only_train True — False keeps the MLP
     at inference too (SimCSE's supervised setting), as the exported encoder's head.
     """
 
     name: ClassVar[str] = "simcse"
     data_kind: ClassVar[str] = "unlabeled"
+    settings_type: ClassVar[type[ObjectiveSettings]] = SimCSESettings
     #: GradCache layout (training/gradcache.py): features and embeddings both stack [x; x]
     row_groups: ClassVar[dict[str, int]] = {"features": 2}
     embed_groups: ClassVar[int] = 2
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        temperature: float = 0.05,
-        pooling: str | None = "cls",
-        max_length: int | None = 32,
-        mlp_only_train: bool = True,
-    ):
-        super().__init__(encoder)
-        self.temperature = temperature
-        if pooling is not None:
-            encoder.pooling = pooling
-        self.max_length = min(max_length or encoder.max_seq_length, encoder.max_seq_length)
-        self.mlp_only_train = mlp_only_train
+    def __init__(self, encoder: SentenceEncoder, settings: SimCSESettings | None = None):
+        settings = settings or SimCSESettings()
+        super().__init__(encoder, settings)
+        self.temperature = settings.temperature
+        if settings.pooling is not None:
+            encoder.pooling = settings.pooling
+        self.max_length = min(settings.max_length or encoder.max_seq_length, encoder.max_seq_length)
+        self.mlp_only_train = settings.mlp_only_train
         d = encoder.dim
         self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
 

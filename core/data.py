@@ -49,7 +49,6 @@ SICK_FILES = {
     "dev": "SICK_trial.txt",
     "test": "SICK_test_annotated.txt",
 }
-SNLI_SPLITS = ("train", "dev", "test")
 # SNLI + MultiNLI as CoSENT Table II counts them (942,069 / 19,657 / 19,656 labelled pairs): MultiNLI
 # has no public test labels, so dev = SNLI dev + dev-matched and test = SNLI test + dev-mismatched.
 NLI_JSONL = {
@@ -124,15 +123,6 @@ def nli_pairs(triples: list[tuple[str, str, str]]) -> list[PairExample]:
         seen[premise] += 1
         out.append(PairExample(premise, hypothesis, negative))
     return out
-
-
-def read_snli_pairs(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[PairExample]:
-    return _take(nli_pairs(read_snli(snli_dir, split)), limit)
-
-
-def read_snli_scored(snli_dir: str | Path, split: str = "train", limit: int | None = None) -> list[ScoredPair]:
-    """Every labelled pair, label contradiction 0 < neutral 1 < entailment 2."""
-    return _take([ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in read_snli(snli_dir, split)], limit)
 
 
 def _read_nli_csv(path: str | Path) -> list[dict[str, str]]:
@@ -393,6 +383,7 @@ def load_examples(
             raise ValueError(f"source {source!r} only gives unlabeled sentences, not {kind!r}")
         return read_text(_resolve_file(arg, data_dir), limit)
 
+    examples: list
     if name == "nli-csv":
         path = _resolve_file(arg, data_dir)
         examples = read_nli_csv_scored(path) if kind == "scored" else read_nli_csv_pairs(path)
@@ -404,17 +395,16 @@ def load_examples(
     elif name == "allnli-tsv":
         triples = read_allnli_tsv(_resolve_file(arg, data_dir), (split,))
     elif name not in ("stsb", "sick", "sick-nli", "snli", "nli", *_BINARY_READERS):
-        raise ValueError(f"unknown source {source!r}; see training.data.load_examples for the names")
-    elif data_dir is None:
-        raise ValueError(f"source {source!r} needs a data_dir")
+        raise ValueError(f"unknown source {source!r}; see core.data.load_examples for the names")
     splits = tuple(s.strip() for s in (arg or split).split("+"))
-    examples: list = []
-    if name == "nli":
+    if name == "nli" and data_dir is not None:
         triples = find_nli_triples(data_dir, splits)
     if triples is not None:
         examples = (nli_pairs(triples) if kind == "pairs"
                     else [ScoredPair(p, h, float(NLI_LABELS[y])) for p, h, y in triples])
         return _take(_unique_sentences(examples) if kind == "unlabeled" else examples, limit)
+    if data_dir is None:
+        raise ValueError(f"source {source!r} needs a data_dir")
     if name in _BINARY_READERS:
         if kind == "pairs":
             raise ValueError(f"source {source!r} gives scored pairs, not positive pairs")

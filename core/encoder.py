@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 import transformers
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 
 POOLINGS = ("mean", "cls", "first_last_avg")
+# What a transformer's forward takes from a tokenizer's output (offsets, overflow and the rest stay behind).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_MAX_SEQ_LENGTH = 256
 
 
@@ -53,7 +57,7 @@ class DenseStack(nn.Sequential):
 
     @property
     def out_features(self) -> int:
-        return self[-1].out_features
+        return cast(Dense, self[-1]).out_features
 
 
 def head_as_dense(head: nn.Module) -> list[Dense]:
@@ -166,16 +170,15 @@ def read_st_modules(model_dir: str | Path) -> dict:
     if dense:
         out["head"] = DenseStack(*dense)
     elif not modules_file.is_file() and (model_dir / "head.pt").is_file():
-        # a best/ written before these directories were real sentence-transformers ones: its head was
-        # pickled (our own file); dropping it silently would serve another model
-        out["head"] = torch.load(model_dir / "head.pt", weights_only=False)
+        # a best/ written before these directories were real sentence-transformers ones pickled its head;
+        # unpickling runs code from the file, and dropping the head silently would serve another model
+        raise ValueError(f"{model_dir / 'head.pt'} is a pickled head, which is never loaded: unpickle it once where "
+                         "the file is trusted and save_pretrained() the encoder (config + safetensors)")
     return out
 
 
-def read_st_config(model_dir: str | Path) -> tuple[str | None, int | None]:
-    """Pooling mode and max sequence length from a sentence-transformers directory, if present."""
-    found = read_st_modules(model_dir)
-    return found.get("pooling"), found.get("max_seq_length")
+def model_inputs(features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in features.items() if k in MODEL_INPUTS}
 
 
 def pool(
@@ -188,6 +191,8 @@ def pool(
     if pooling == "cls":
         return token_embeddings[:, 0]
     if pooling == "first_last_avg":
+        if hidden_states is None:
+            raise ValueError("first_last_avg pooling needs the transformer's hidden states")
         # SimCSE's avg_first_last: hidden_states[0] is the embedding layer, [1] the first block.
         token_embeddings = (hidden_states[1] + hidden_states[-1]) / 2.0
     elif pooling != "mean":
@@ -204,7 +209,7 @@ class SentenceEncoder(nn.Module):
 
     def __init__(
         self,
-        transformer: nn.Module,
+        transformer: PreTrainedModel,
         tokenizer,
         pooling: str = "mean",
         max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
@@ -268,8 +273,9 @@ class SentenceEncoder(nn.Module):
 
     @property
     def dim(self) -> int:
-        if self.head is not None and hasattr(self.head, "out_features"):
-            return self.head.out_features
+        out_features = getattr(self.head, "out_features", None)  # Dense heads, CLSR's e
+        if isinstance(out_features, int):
+            return out_features
         linears = [m for m in self.head.modules() if isinstance(m, nn.Linear)] if self.head is not None else []
         return linears[-1].out_features if linears else self.transformer.config.hidden_size
 
@@ -319,7 +325,7 @@ class SentenceEncoder(nn.Module):
         for start in range(0, len(texts), batch_size):
             idx = order[start : start + batch_size]
             batch = self.tokenize([texts[i] for i in idx]).to(self.device)
-            emb = self(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+            emb = self(**model_inputs(batch))
             if normalize:
                 emb = torch.nn.functional.normalize(emb, dim=-1)
             out[idx] = emb.float().cpu().numpy()
@@ -352,15 +358,17 @@ class SentenceEncoder(nn.Module):
         _write_json(out_dir / "config_sentence_transformers.json", {
             "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
             "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
-        modules = [("Transformer", "", None)]
+        # (module type, folder, (config, weights) or None)
+        modules: list[tuple[str, str, tuple[dict[str, Any], dict[str, torch.Tensor] | None] | None]] = [
+            ("Transformer", "", None)]
         hidden = config.hidden_size
         if layer_avg:
             layers = config.num_hidden_layers
-            weights = torch.zeros(layers)
-            weights[0] = weights[-1] = 1.0
+            layer_weights = torch.zeros(layers)
+            layer_weights[0] = layer_weights[-1] = 1.0
             modules.append(("WeightedLayerPooling", "WeightedLayerPooling", (
                 {"word_embedding_dimension": hidden, "layer_start": 1, "num_hidden_layers": layers},
-                {"layer_weights": weights})))
+                {"layer_weights": layer_weights})))
         flags = {"pooling_mode_cls_token": self.pooling == "cls",
                  "pooling_mode_mean_tokens": self.pooling in ("mean", "first_last_avg"),
                  "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
@@ -380,10 +388,10 @@ class SentenceEncoder(nn.Module):
             entries.append({"idx": idx, "name": str(idx), "path": path, "type": ST_TYPES[kind]})
             if content is not None:
                 (out_dir / path).mkdir(exist_ok=True)
-                cfg, weights = content
+                cfg, tensors = content
                 _write_json(out_dir / path / "config.json", cfg)
-                if weights:
-                    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
+                if tensors:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                               out_dir / path / "model.safetensors")
         _write_json(out_dir / "modules.json", entries)
         # a directory saved before over this one may hold modules this one has not

@@ -1,0 +1,15 @@
+"""vulture finds no dead code in the packages below service (reviewed exceptions: tests/vulture_whitelist.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_no_dead_code():
+    vulture = Path(sys.executable).parent / "vulture"
+    # 60: vulture's lowest confidence, where unused functions, classes, methods and attributes show up
+    result = subprocess.run([str(vulture), "core", "training", "evaluation", "benchmarks", "tests/vulture_whitelist.py",
+                             "--min-confidence", "60"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
