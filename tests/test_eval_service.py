@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from evaluation import beir
+from core import beir
 from evaluation.embedders import HttpClient, OnnxEmbedder, ServiceEmbedder, ServiceError, load_embedder
 from evaluation.retrieval import search_in_process, search_service
 from evaluation.sts import evaluate_sts

@@ -12,15 +12,12 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, ModelInfo, TokenBatch, WrongModelType
 from service.metrics import ApiMetrics
 from service.tokenization import TextTokenizer, check_texts, check_truncation, from_ids
-
-if TYPE_CHECKING:  # tests and tools run an engine in process; the service never imports one
-    from service.engine.core import Engine
 
 log = logging.getLogger("sembed.registry")
 
@@ -133,8 +130,9 @@ class ModelRegistry:
         self.default = self.default or name
         return model
 
-    def add_in_process(self, name: str, engine: Engine, tokenizer: TextTokenizer | None = None) -> ServedModel:
-        """An engine running in this process (tests, tools), with its backend's tokenizer unless given."""
+    def add_in_process(self, name: str, engine: Any, tokenizer: TextTokenizer | None = None) -> ServedModel:
+        """A service.engine.core.Engine running in this process (tests, tools; the API side never imports the
+        engine's package), with its backend's tokenizer unless given."""
         if not engine.ready:
             engine.start()
         self.metrics.include(engine.metrics.registry)

@@ -1,0 +1,1 @@
+"""What the API and engine processes exchange, and nothing else."""
