@@ -13,7 +13,7 @@ DATA ?= ../shared/data
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export bench bench-index venv-gpu gpu-check
+.PHONY: serve test export venv wordnet lint eval train-export bench bench-frontend wrk bench-index venv-gpu gpu-check
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -65,9 +65,26 @@ wordnet:
 test: venv wordnet
 	$(PY) -m pytest -q
 
-# Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets.
-bench: venv $(MODEL_DIR)/manifest.json
-	$(PY) -m benchmarks.serving --model-dir $(MODEL_DIR) --data-dir $(DATA) --out results/bench-serving.json
+# Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets;
+# then the front end alone (bench-frontend). The second runs even if the first has a FAIL; the status says if any did.
+bench: venv $(MODEL_DIR)/manifest.json wrk
+	$(PY) -m benchmarks.serving --model-dir $(MODEL_DIR) --data-dir $(DATA) --out results/bench-serving.json; \
+	  status=$$?; $(BENCH_FRONTEND) && exit $$status
+
+# What the server itself costs (SEMBED_BACKEND=null: the export's tokenizer, no model compute) with 1, 2 and 4 API
+# workers under wrk: req/s, p50/p99, sentences/s, server CPU per request and sentence, RSS, malformed bodies.
+# Quick run: make bench-frontend FRONTEND_ARGS='--workers 2 --duration 3'
+FRONTEND_ARGS ?=
+BENCH_FRONTEND = $(PY) -m benchmarks.frontend --model-dir $(MODEL_DIR) --data-dir $(DATA) \
+	--out results/bench-frontend.json $(FRONTEND_ARGS)
+bench-frontend: venv $(MODEL_DIR)/manifest.json wrk
+	$(BENCH_FRONTEND)
+
+# The load generator of bench-frontend, from Debian's package.
+wrk:
+	@command -v wrk >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wrk >/dev/null; \
+	  else echo "wrk missing: sudo apt-get install wrk" >&2; exit 1; fi; }
 
 # The vector store (LocalIndex, fsync on): write rate by index size, Flat vs HNSW vs IVF, filtered search.
 # Quick run: make bench-index SIZES=1000,20000 INDEX_ARGS='--queries 200 --writes 3000 --budget 3'

