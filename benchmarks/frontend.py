@@ -161,11 +161,13 @@ class Service:
 
 
 @contextmanager
-def running_service(export_dir: Path, workers: int, backend: str = "null", timeout: float = 120):
-    """A fresh `python -m service` on a free port, ready on every API worker; stopped (SIGTERM) after."""
+def running_service(export_dir: Path, workers: int, backend: str = "null", timeout: float = 120, **settings: str):
+    """A fresh `python -m service` on a free port, ready on every API worker; stopped (SIGTERM) after.
+    `settings`: more SEMBED_* variables (device="cuda" → SEMBED_DEVICE=cuda)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sembed-frontend-") as tmp:
-        env = {**os.environ, "SEMBED_BACKEND": backend, "SEMBED_MODEL_DIR": str(export_dir),
+        env = {**os.environ, **{f"SEMBED_{k.upper()}": v for k, v in settings.items()},
+               "SEMBED_BACKEND": backend, "SEMBED_MODEL_DIR": str(export_dir),
                "SEMBED_API_WORKERS": str(workers), "SEMBED_HOST": "127.0.0.1", "SEMBED_PORT": str(port),
                "SEMBED_ACCESS_LOG": "false", "SEMBED_INDEX_PATH": f"{tmp}/index", "SEMBED_DRAIN_DELAY_S": "0"}
         # The log goes to a file: a pipe nobody reads fills up and stalls the service.
@@ -341,19 +343,19 @@ def check_malformed(port: int, max_bytes: int = 2_000_000) -> list[dict]:
 
 # --- the run -------------------------------------------------------------------------------------
 def bench_workers(wrk: str, export_dir: Path, workers: int, texts: list[str], args, *, malformed: bool = False,
-                  backend: str = "null") -> dict:
+                  backend: str = "null", label: str | None = None, **settings: str) -> dict:
     """Every load phase against one fresh service with `workers` API processes; their RSS at the end;
     the malformed bodies' statuses if asked."""
     out: dict = {"phases": {}}
     plan = phases(texts, args.concurrency, args.batch_concurrency)
-    with running_service(export_dir, workers, backend) as service:
+    with running_service(export_dir, workers, backend, **settings) as service:
         _, path, bodies, _, connections = plan[0]  # warm-up: lazy imports, caches, connection pools
         load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
                    duration=max(1.0, args.duration / 4))
         for name, path, bodies, per_request, connections in plan:
             out["phases"][name] = load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
                                              duration=args.duration, sentences_per_request=per_request)
-            print(row(workers, name, out["phases"][name]), flush=True)
+            print(row(label or workers, name, out["phases"][name]), flush=True)
         out["rss_mb"] = {title: rss_mb(pid) for pid, title in sorted(api_workers(service.proc.pid).items())}
         if malformed:
             out["malformed"] = check_malformed(service.port)
@@ -364,7 +366,7 @@ HEADER = (f"{'workers':>7}  {'phase':<16}{'conn':>5}{'req/s':>9}{'sent/s':>10}{'
           f"{'non2xx':>7}{'µs/req':>8}{'µs/sent':>8}{'server':>8}{'client':>8}  busiest process")
 
 
-def row(workers: int, name: str, p: dict) -> str:
+def row(workers: int | str, name: str, p: dict) -> str:
     title, share = next(iter(p["process_share"].items()))
     return (f"{workers:>7}  {name:<16}{p['connections']:>5}{p['req_s']:>9,.0f}{p['sent_s']:>10,.0f}"
             f"{p['p50_ms']:>8.1f}{p['p99_ms']:>8.1f}{p['non_2xx'] + p['socket_errors']:>7}"
@@ -401,6 +403,78 @@ def checks(runs: dict[int, dict], malformed: list[dict] | None) -> list[tuple[st
     return out
 
 
+# --- on a GPU: the real model, the service against onnxruntime in process --------------------------------
+TARGET_GPU_RATIO, TARGET_GPU_SINGLES, TARGET_GPU_P99_MS, TARGET_FP16 = 0.9, 5000, 50, 1.5
+
+
+def cuda_available() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def in_process_rate(export_dir: Path, texts: list[str], batch: int, variant: str, seconds: float) -> float:
+    """Sentences/s of onnxruntime on CUDA in this process, as a user's script gets it: tokenise a batch,
+    pad it, run it (the service's own backend, so the same graph, IO binding and provider options)."""
+    from service.engine.backends.onnx import OnnxBackend
+
+    backend = OnnxBackend(export_dir, device="cuda", variant=variant)
+    backend.warmup()
+    batches = [texts[i:i + batch] for i in range(0, len(texts) - batch + 1, batch)]
+    for chunk in batches:  # every padded length this run meets, before the clock starts
+        backend.encode(chunk, batch_size=batch)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for chunk in batches:
+            backend.encode(chunk, batch_size=batch)
+            done += len(chunk)
+    return done / (time.perf_counter() - start)
+
+
+def bench_gpu(wrk: str, export_dir: Path, texts: list[str], args) -> dict:
+    """fp32 and fp16 in process at batch 32 and 256, then the service on CUDA under the same load phases."""
+    from service.manifest import Manifest
+
+    variants = ["fp32"] + (["fp16"] if "fp16" in (Manifest.load(export_dir).variants or {}) else [])
+    out: dict = {"variants": variants, "in_process": {}, "service": {}}
+    for variant in variants:
+        for batch in (32, 256):
+            rate = in_process_rate(export_dir, texts, batch, variant, args.duration)
+            out["in_process"][f"{variant} batch{batch}"] = rate
+            print(f"in process, onnxruntime CUDA {variant}, batch {batch}: {rate:,.0f} sentences/s", flush=True)
+    gpu_args = argparse.Namespace(**{**vars(args), "concurrency": args.gpu_concurrency})
+    print(HEADER, flush=True)
+    for variant in variants:
+        out["service"][variant] = bench_workers(wrk, export_dir, args.gpu_workers, texts, gpu_args, backend="onnx",
+                                                label=f"{variant}:{args.gpu_workers}", device="cuda", variant=variant)
+    return out
+
+
+def gpu_checks(gpu: dict) -> list[tuple[str, bool]]:
+    out = []
+    fp32 = gpu["service"]["fp32"]["phases"]
+    for batch in (32, 256):
+        base = gpu["in_process"][f"fp32 batch{batch}"]
+        best = max(("json", "base64"), key=lambda f: fp32[f"batch{batch} {f}"]["sent_s"])
+        ratio = fp32[f"batch{batch} {best}"]["sent_s"] / base
+        out.append((f"GPU: service ≥ {TARGET_GPU_RATIO}× in-process onnxruntime CUDA at batch {batch} "
+                    f"({ratio:.2f}×, {best}; JSON {fp32[f'batch{batch} json']['sent_s'] / base:.2f}×)",
+                    ratio >= TARGET_GPU_RATIO))
+    singles = fp32["singles"]
+    out.append((f"GPU: single-text requests ≥ {TARGET_GPU_SINGLES:,} req/s with p99 ≤ {TARGET_GPU_P99_MS} ms at "
+                f"concurrency {singles['connections']} ({singles['req_s']:,.0f} req/s, p99 {singles['p99_ms']:.1f} ms)",
+                singles["req_s"] >= TARGET_GPU_SINGLES and singles["p99_ms"] <= TARGET_GPU_P99_MS))
+    if "fp16" in gpu["variants"]:
+        speedup = gpu["in_process"]["fp16 batch256"] / gpu["in_process"]["fp32 batch256"]
+        out.append((f"GPU: fp16 ≥ {TARGET_FP16}× fp32 at batch 256, in process, its quality gate passed at export "
+                    f"({speedup:.2f}×)", speedup >= TARGET_FP16))
+    else:
+        out.append(("GPU: the export has no fp16 variant (left out, or its gate failed): fp16 not measured", False))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"),
@@ -413,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=min(4, CORES), help="wrk processes")
     parser.add_argument("--no-malformed", dest="malformed", action="store_false")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    parser.add_argument("--gpu", choices=("auto", "on", "off"), default="auto",
+                        help="the real model on CUDA against onnxruntime in process (auto: where onnxruntime has CUDA)")
+    parser.add_argument("--gpu-workers", type=int, default=min(8, max(1, CORES // 2)), help="API workers on a GPU")
+    parser.add_argument("--gpu-concurrency", type=int, default=256, help="connections, single-text requests, GPU")
     args = parser.parse_args(argv)
 
     from tokenizers import Tokenizer
@@ -437,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     print("API-worker RSS after the load (MB):")
     for workers, run in runs.items():
         print(f"  {workers} API worker(s): " + ", ".join(f"{t}: {mb:.0f}" for t, mb in run["rss_mb"].items()))
+    gpu = None
+    if args.gpu == "on" or (args.gpu == "auto" and cuda_available()):
+        print("\nthe real model on CUDA:")
+        gpu = bench_gpu(wrk, args.model_dir, texts, args)
     malformed = next((run.pop("malformed") for run in runs.values() if "malformed" in run), None)
     if malformed is not None:
         statuses = {}
@@ -448,8 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     results = {"cpu": machine.cpu_line(), "simd_flags": simd_flags(), "cores": CORES,
                "settings": vars(args),
-               "runs": runs, "malformed": malformed}
-    return machine.finish(checks(runs, malformed), results, args.out)
+               "runs": runs, "malformed": malformed, "gpu": gpu}
+    if gpu is None:
+        print("NOT MEASURED  the GPU targets (service vs in-process onnxruntime CUDA, singles at concurrency 256, "
+              "fp16 vs fp32): no CUDA device here")
+    return machine.finish(checks(runs, malformed) + (gpu_checks(gpu) if gpu else []), results, args.out)
 
 
 if __name__ == "__main__":
