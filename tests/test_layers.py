@@ -48,9 +48,9 @@ def tree(tmp_path):
     ("core/beir.py", "def _lazy():\n    from core import ranking  # noqa\n", "no import cycles"),
     # the process split: an API process never holds the engine's code, nor the engine the API's
     ("service/api/registry.py", "def _lazy():\n    from service.engine import core  # noqa\n",
-     "service: the API and engine sides never import each other"),
+     "service: api and engine never import each other"),
     ("service/engine/core.py", "def _lazy():\n    from service.api import client  # noqa\n",
-     "service: the API and engine sides never import each other"),
+     "service: api and engine never import each other"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tree, module, line, contract):
     with open(tree / module, "a") as f:
