@@ -57,7 +57,10 @@ class Settings(BaseSettings):
     # Unset: TEI's 16384 on a GPU; 4096 on a CPU, where a 16384-token pass takes seconds (a one-text
     # request waits for it) and holds twice the memory, for no more throughput (measured: README).
     max_batch_tokens: int | None = Field(None, ge=16, description="tokens per forward pass, padding included")
-    max_batch_requests: int = Field(64, ge=1, description="inputs per forward pass")
+    # Unset: 64 on a CPU (a pass of more short rows is no faster per row there, and a one-text request
+    # would wait for it); 1024 on a GPU, where a pass of 1024 short rows costs about what 64 do, so the
+    # token budget, not a row count, should bound it (TEI sets no row cap).
+    max_batch_requests: int | None = Field(None, ge=1, description="inputs per forward pass")
     max_queue_wait_s: float = Field(5.0, gt=0, description="admission: a request the engine expects to keep "
                                     "longer than this (the tokens ahead of it over the measured pass rate) gets "
                                     "429 with Retry-After; small requests still get in")
@@ -117,6 +120,9 @@ class Settings(BaseSettings):
 
     def batch_token_budget(self) -> int:
         return self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)
+
+    def batch_row_cap(self) -> int:
+        return self.max_batch_requests or (1024 if self.device == "cuda" else 64)
 
     def api_worker_count(self) -> int:
         return self.api_workers or min(8, max(1, (os.cpu_count() or 2) // 2))

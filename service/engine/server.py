@@ -113,7 +113,7 @@ class EngineServer:
 
 
 def engine_config(settings: Settings) -> EngineConfig:
-    return EngineConfig(max_batch_tokens=settings.batch_token_budget(), max_batch_requests=settings.max_batch_requests,
+    return EngineConfig(max_batch_tokens=settings.batch_token_budget(), max_batch_requests=settings.batch_row_cap(),
                         max_queue_wait_s=settings.max_queue_wait_s, max_queued_inputs=settings.max_queued_inputs,
                         request_timeout_s=settings.request_timeout_s, prefetch=settings.device == "cuda")
 

@@ -75,7 +75,7 @@ async def info(request: Request):
         "max_concurrent_requests": s.max_queued_inputs,
         "max_input_length": served.info.max_seq_length,
         "max_batch_tokens": served.info.max_batch_tokens,
-        "max_batch_requests": s.max_batch_requests,
+        "max_batch_requests": s.batch_row_cap(),
         "max_client_batch_size": s.max_client_batch_size,
         "auto_truncate": s.auto_truncate,
         "tokenization_workers": s.api_worker_count(),
