@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import machine
+from benchmarks.machine import process_tree
 from benchmarks.serving import make_texts
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -105,26 +106,6 @@ def short_texts(tokenizer, data_dir: Path, n: int = 2048) -> list[str]:
 
 
 # --- the service's processes ---------------------------------------------------------------------
-def process_tree(root: int) -> dict[int, str]:
-    """pid → title of `root` and every process under it (ppid links from /proc, as `ps` reads them)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        try:  # setproctitle rewrites argv: "sembed: api 1"
-            tree[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        todo += parents.get(pid, [])
-    return tree
-
-
 def cpu_seconds(pids) -> dict[int, float]:
     """utime + stime of each process (all its threads), seconds; a process gone meanwhile is left out."""
     out = {}

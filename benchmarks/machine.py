@@ -1,4 +1,4 @@
-"""The machine a benchmark ran on: every benchmark prints this line, since speeds move with the CPU."""
+"""The machine a benchmark ran on (every benchmark prints it: speeds move with the CPU), and its processes."""
 
 from __future__ import annotations
 
@@ -36,3 +36,23 @@ def finish(checks: list[tuple[str, bool]], results: dict, out: Path | None) -> i
         results["checks"] = {text: ok for text, ok in checks}
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0 if all(ok for _, ok in checks) else 1
+
+
+def process_tree(root: int) -> dict[int, str]:
+    """pid → title of `root` and every process under it (ppid links from /proc, as `ps` reads them)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:  # setproctitle rewrites argv: "sembed: api 1"
+            tree[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        todo += parents.get(pid, [])
+    return tree

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import machine
+from benchmarks.machine import process_tree
 
 BATCH = 32
 CONCURRENCY = (1, 8, 32, 64)
@@ -207,10 +208,19 @@ async def http_singles(port: int, texts: list[str], concurrency: int, total: int
     return {"rps": total / elapsed, "p50": q[49], "p95": q[94], "p99": q[98], "errors": errors}
 
 
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(current, peak) resident memory of a process, MB (Linux)."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+def rss_mb(root: int) -> tuple[float, float]:
+    """(current, peak) resident memory of the service, MB: summed over its processes (the supervisor, the
+    API processes, the engines, the index), each one's peak counted at its own high-water mark (Linux)."""
+    now = peak = 0.0
+    for pid in process_tree(root):
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        now += int(fields["VmRSS"].split()[0]) / 1024
+        peak += int(fields["VmHWM"].split()[0]) / 1024
+    return now, peak
 
 
 async def at_the_limits(port: int, long_texts: list[str]) -> dict:
@@ -355,7 +365,7 @@ def report(results: dict, variants: list[str]) -> None:
     lim = results["limits"]
     print(f"\none request of 256 texts cut to the model's length ({lim['body_bytes'] / 1e6:.1f} MB): "
           f"{lim['big_s']:.1f} s; a one-text request sent 0.5 s into it: {lim['small_s'] * 1000:.0f} ms "
-          f"(statuses {lim['status'][0]}, {lim['status'][1]}); service memory {lim['rss_before_mb']:.0f} MB before, "
+          f"(statuses {lim['status'][0]}, {lim['status'][1]}); service memory (all its processes) {lim['rss_before_mb']:.0f} MB before, "
           f"{lim['rss_peak_mb']:.0f} MB peak, {lim['rss_after_mb']:.0f} MB after")
     if "sts" in results:
         tasks = [t for t in results["sts"]["fp32"] if t != "avg"] + ["avg"]
