@@ -365,8 +365,8 @@ def report(results: dict, variants: list[str]) -> None:
     lim = results["limits"]
     print(f"\none request of 256 texts cut to the model's length ({lim['body_bytes'] / 1e6:.1f} MB): "
           f"{lim['big_s']:.1f} s; a one-text request sent 0.5 s into it: {lim['small_s'] * 1000:.0f} ms "
-          f"(statuses {lim['status'][0]}, {lim['status'][1]}); service memory (all its processes) {lim['rss_before_mb']:.0f} MB before, "
-          f"{lim['rss_peak_mb']:.0f} MB peak, {lim['rss_after_mb']:.0f} MB after")
+          f"(statuses {lim['status'][0]}, {lim['status'][1]}); service memory (all its processes) "
+          f"{lim['rss_before_mb']:.0f} MB before, {lim['rss_peak_mb']:.0f} MB peak, {lim['rss_after_mb']:.0f} MB after")
     if "sts" in results:
         tasks = [t for t in results["sts"]["fp32"] if t != "avg"] + ["avg"]
         print(f"\n{'7-task STS':<10}" + "".join(f"{t.replace('Relatedness', '-R').replace('Benchmark', '-B'):>9}"
