@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     def batch_token_budget(self) -> int:
         return self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)
 
+    def index_needs_writer_process(self) -> bool:
+        """The local index, or Milvus Lite (a file, one process at a time), lives in one process of its own;
+        a Milvus server is reached from every API process directly."""
+        remote = (self.milvus_uri or "").startswith(("http://", "https://", "tcp://", "grpc://"))
+        return self.index_backend == "local" or not remote
+
     def batch_row_cap(self) -> int:
         return self.max_batch_requests or (1024 if self.device == "cuda" else 64)
 

@@ -126,7 +126,7 @@ class Supervisor:
             endpoint = f"ipc://{self.run_dir}/engine-{next(self.generations)}.sock"
             models.append(ModelEndpoint(name, str(export_dir), endpoint))
             engines.append(self._engine(name, str(export_dir), endpoint))
-        index_endpoint = f"ipc://{self.run_dir}/index.sock" if s.index_backend == "local" else None
+        index_endpoint = f"ipc://{self.run_dir}/index.sock" if s.index_needs_writer_process() else None
         if index_endpoint:
             engines.append(Child("sembed: index", index_main, (s, index_endpoint)))
         return Topology(models, index_endpoint, f"ipc://{self.run_dir}/control.sock",

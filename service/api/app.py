@@ -28,7 +28,7 @@ from service.api.middleware import RequestGuard
 from service.api.registry import ModelRegistry
 from service.api.routes import admin, index, openai, ops, tei
 from service.api.topology import ModelLoader, SupervisorLoader, Topology, connect_registry
-from service.index import DEFAULT_COLLECTION, CollectionSpec, IndexError_, ModelStamp, open_index
+from service.index import DEFAULT_COLLECTION, CollectionSpec, IndexError_, ModelStamp, open_configured
 from service.index.remote import IndexClient
 from service.ipc.messages import EngineError
 from service.metrics import ApiMetrics
@@ -53,10 +53,11 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                                       str(info.manifest.get("onnx_sha256", ""))).set(1)
         app.state.registry = reg
         app.state.loader = loader or (SupervisorLoader(topology, settings, reg) if topology is not None else None)
-        if topology is not None and topology.index_endpoint:  # the local index's one writer process
+        if topology is not None and topology.index_endpoint:  # the index's one writer process
             app.state.index = IndexClient(topology.index_endpoint)
         else:
-            app.state.index = await run_in_threadpool(open_index_here, settings)
+            # a Milvus server (every API process talks to it), or the test's own index in this process
+            app.state.index = await run_in_threadpool(open_configured, settings)
         # idempotent: every API process may ask, the first one makes it
         await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.default, reg.get().info)
         metrics.index_documents.set(index.default_documents(app.state.index))
@@ -101,15 +102,6 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["x-request-id", "x-compute-time", "x-total-time"], max_age=600)
     return app
-
-
-def open_index_here(settings: Settings):
-    """The configured index opened in this process: Milvus (a server every API process talks to), or a
-    local index where this process is the only one (tests)."""
-    options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
-               "snapshot_every_s": settings.index_snapshot_every_s,
-               "gpu": settings.index_gpu} if settings.index_backend == "local" else {}
-    return open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri, **options)
 
 
 def prepare_default_collection(index, settings: Settings, model: str, info):

@@ -29,6 +29,14 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def open_configured(settings) -> VectorIndex:
+    """The index `settings` (service.settings.Settings) describe, opened in this process."""
+    options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
+               "snapshot_every_s": settings.index_snapshot_every_s,
+               "gpu": settings.index_gpu} if settings.index_backend == "local" else {}
+    return open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri, **options)
+
+
 def open_index(backend: str, path=None, uri: str | None = None, **options) -> VectorIndex:
     """`local` (FAISS + write-ahead log under `path`) or `milvus` (a Milvus server or Milvus Lite file at `uri`)."""
     if backend == "local":

@@ -223,12 +223,10 @@ class IndexServer:
 
 
 def run(settings, endpoint: str) -> None:
-    """The index process's main: open the local index, serve until SIGTERM, close it (snapshot) and exit."""
-    from service.index import open_index
+    """The index process's main: open the index, serve until SIGTERM, close it (snapshot) and exit."""
+    from service.index import open_configured
 
-    index = open_index("local", settings.index_path, fsync=settings.index_fsync,
-                       snapshot_every_ops=settings.index_snapshot_every_ops,
-                       snapshot_every_s=settings.index_snapshot_every_s, gpu=settings.index_gpu)
+    index = open_configured(settings)
     server = IndexServer(index, endpoint)
 
     async def main() -> None:
