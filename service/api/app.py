@@ -28,7 +28,7 @@ from service.api.middleware import RequestGuard
 from service.api.registry import ModelRegistry
 from service.api.routes import admin, index, openai, ops, tei
 from service.api.topology import ModelLoader, SupervisorLoader, Topology, connect_registry
-from service.index import DEFAULT_COLLECTION, CollectionSpec, IndexError_, ModelStamp, open_configured
+from service.index import DEFAULT_COLLECTION, CollectionSpec, ModelStamp, VectorIndexError, open_configured
 from service.index.remote import IndexClient
 from service.ipc.messages import EngineError
 from service.metrics import ApiMetrics
@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         return Response(orjson.dumps(body), status_code=error.status, headers=error.headers,
                         media_type="application/json")
 
-    for kind in (ApiError, EngineError, IndexError_, RequestValidationError, StarletteHTTPException, Exception):
+    for kind in (ApiError, EngineError, VectorIndexError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
     for router in (tei.router, index.router, openai.router, ops.router, admin.router):

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.registry import ModelNotFound
-from service.index import IndexError_
+from service.index import VectorIndexError
 from service.ipc import messages as engine
 
 
@@ -74,7 +74,7 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
             retry = str(max(1, round(wait)) if wait else retry_after_s)
             headers = {"Retry-After": retry} if status in (429, 503) else {}
             return ApiError(status, str(exc), error_type, headers=headers)
-    if isinstance(exc, IndexError_):
+    if isinstance(exc, VectorIndexError):
         headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else {}
         return ApiError(exc.status, str(exc), exc.error_type, headers=headers)
     if isinstance(exc, RequestValidationError):

@@ -8,7 +8,6 @@ from service.index.base import (  # noqa: F401
     CollectionSpec,
     Document,
     Hit,
-    IndexError_,
     InvalidRequest,
     ModelMismatch,
     ModelStamp,
@@ -16,6 +15,7 @@ from service.index.base import (  # noqa: F401
     Record,
     SearchParams,
     VectorIndex,
+    VectorIndexError,
     WriteResult,
 )
 

@@ -135,30 +135,30 @@ class VectorIndex(Protocol):
     def close(self) -> None: ...
 
 
-class IndexError_(Exception):
+class VectorIndexError(Exception):
     """Base of the index's errors; `status` and `error_type` are what the HTTP layer answers."""
 
     status = 500
     error_type = "Index"
 
 
-class CollectionNotFound(IndexError_):
+class CollectionNotFound(VectorIndexError):
     status, error_type = 404, "NotFound"
 
 
-class CollectionExists(IndexError_):
+class CollectionExists(VectorIndexError):
     status, error_type = 409, "Conflict"
 
 
-class ModelMismatch(IndexError_):
+class ModelMismatch(VectorIndexError):
     status, error_type = 409, "ModelMismatch"
 
 
-class InvalidRequest(IndexError_):
+class InvalidRequest(VectorIndexError):
     status, error_type = 422, "Validation"
 
 
-class NotDurable(IndexError_):
+class NotDurable(VectorIndexError):
     """The write could not be made durable and was not applied (503: log unavailable, 507: disk full)."""
 
     status, error_type = 503, "NotDurable"

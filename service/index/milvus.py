@@ -55,12 +55,12 @@ from service.index.base import (
     CollectionSpec,
     Document,
     Hit,
-    IndexError_,
     InvalidRequest,
     ModelStamp,
     NotDurable,
     Record,
     SearchParams,
+    VectorIndexError,
     WriteResult,
 )
 from service.index.filters import compile_filter
@@ -237,7 +237,7 @@ class MilvusIndex:
         physical = self._create_physical(spec, self._next_sequence(0))
         try:
             self._call(self._client.create_alias, physical, self._alias(spec.name))
-        except IndexError_:
+        except VectorIndexError:
             self._drop_physical(physical)
             current = self._describe(spec.name, missing_ok=True)  # another replica created it first
             if current is not None and exist_ok and _dimension(current) == spec.dimension:
@@ -478,7 +478,7 @@ class MilvusIndex:
                 self._drop_physical(physical)
             try:
                 self._set_props(old, {_P + "frozen": "0"})
-            except IndexError_:
+            except VectorIndexError:
                 log.warning("could not unfreeze %s after a failed rebuild", old)
             raise
         self._drop_physical(old)
@@ -521,7 +521,7 @@ class MilvusIndex:
             return True
         try:
             index = self._call(self._client.describe_index, physical, "vector")
-        except IndexError_:
+        except VectorIndexError:
             return False
         return bool(index) and not int(index.get("pending_index_rows", 0) or 0)
 
@@ -653,7 +653,7 @@ class MilvusIndex:
                 raise CollectionExists(message) from e
             if write:
                 raise NotDurable(f"milvus refused the write: {message}") from e
-            raise IndexError_(f"milvus: {message}") from e
+            raise VectorIndexError(f"milvus: {message}") from e
 
 
 # ---- helpers --------------------------------------------------------------------------------------
@@ -674,7 +674,7 @@ def _dimension(desc: dict) -> int:
     for f in desc.get("fields", []):
         if f.get("name") == "vector":
             return int(f["params"]["dim"])
-    raise IndexError_(f"milvus collection {desc.get('collection_name')!r} has no vector field")
+    raise VectorIndexError(f"milvus collection {desc.get('collection_name')!r} has no vector field")
 
 
 def _vector(row: dict) -> list[float]:

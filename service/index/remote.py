@@ -4,7 +4,7 @@ API process over ZeroMQ.
 `IndexClient` has the VectorIndex interface (blocking calls, which the routes already make from
 their thread pool); `IndexServer` runs each call on the index in its own thread pool. Messages are
 a msgpack header naming the method, with the index's dataclasses as tagged maps and numpy arrays as
-raw buffers. Errors cross as the same IndexError_ classes. Two calls stream: `scan` (pages pulled by
+raw buffers. Errors cross as the same VectorIndexError classes. Two calls stream: `scan` (pages pulled by
 the client) and `replace_collection` (batches pushed by the client), which re-embedding uses.
 """
 
@@ -31,7 +31,7 @@ log = logging.getLogger("sembed.index")
 
 _TYPES = {c.__name__: c for c in (base.ModelStamp, base.CollectionSpec, base.CollectionInfo, base.Document,
                                    base.Record, base.Hit, base.WriteResult, base.SearchParams)}
-_ERRORS = {c.__name__: c for c in (base.IndexError_, base.CollectionNotFound, base.CollectionExists,
+_ERRORS = {c.__name__: c for c in (base.VectorIndexError, base.CollectionNotFound, base.CollectionExists,
                                     base.ModelMismatch, base.InvalidRequest, base.NotDurable)}
 _ARRAY = 1  # msgpack extension code: dtype, shape, raw bytes
 #: the VectorIndex methods a client may call
@@ -100,7 +100,7 @@ class IndexClient:
         except zmq.Again:
             raise base.NotDurable(f"the index process did not answer {method} in time") from None
         if "error" in reply:
-            error = _ERRORS.get(reply["error"], base.IndexError_)
+            error = _ERRORS.get(reply["error"], base.VectorIndexError)
             raise error(reply["message"], reply["status"]) if error is base.NotDurable else error(reply["message"])
         return reply["result"]
 
@@ -160,11 +160,11 @@ class IndexServer:
             try:
                 result = await loop.run_in_executor(self._pool, self._run, call)
                 reply = {"result": result}
-            except base.IndexError_ as e:
+            except base.VectorIndexError as e:
                 reply = {"error": type(e).__name__, "message": str(e), "status": e.status}
             except Exception as e:
                 log.exception("index call %s failed", call.get("method"))
-                reply = {"error": "IndexError_", "message": f"internal error in the index: {e}", "status": 500}
+                reply = {"error": "VectorIndexError", "message": f"internal error in the index: {e}", "status": 500}
             await socket.send_multipart([*route, encode(reply)])
 
         receiver = None
