@@ -185,8 +185,10 @@ def test_ops_endpoints(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready"}
     assert client.get("/health").json() == {"status": "ok"}  # a real forward pass
-    info = client.get("/info").json()
+    raw = client.get("/info")
+    info = raw.json()
     assert info["manifest"]["dimension"] == 384 and info["manifest"]["max_seq_length"] == 256
+    assert len(raw.content) < 4096 and "golden" not in raw.text  # polled by clients: small
     client.post("/embed", json={"inputs": ["count me"]})
     text = client.get("/metrics").text
     assert 'sembed_requests_total{route="/embed",status="200"}' in text

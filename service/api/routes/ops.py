@@ -60,6 +60,17 @@ def _model_type(info) -> dict:
     return {"embedding": {"pooling": info.manifest.get("pooling", "mean")}}
 
 
+def _summary(manifest: dict) -> dict:
+    """The manifest without its recorded vectors (the engine's golden check reads them from the export):
+    /info is what clients and dashboards poll, and those made it 38 KB."""
+    out = {k: v for k, v in manifest.items() if k != "golden"}
+    if isinstance(out.get("variants"), dict):
+        out["variants"] = {name: {k: v for k, v in entry.items() if k != "quality"} | (
+            {"quality": {k: v for k, v in entry["quality"].items() if k != "golden_embeddings"}}
+            if isinstance(entry.get("quality"), dict) else {}) for name, entry in out["variants"].items()}
+    return out
+
+
 @router.get("/info")
 async def info(request: Request):
     """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
@@ -82,7 +93,7 @@ async def info(request: Request):
         "version": request.app.version,
         "sha": None,
         "docker_label": None,
-        "manifest": served.info.manifest,
+        "manifest": _summary(served.info.manifest),
         "models": registry.names(),
         "device": served.info.device,
         "index_documents": default_documents(request.app.state.index),
