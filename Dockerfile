@@ -3,15 +3,15 @@
 #   runtime   the CPU service (default): onnxruntime + FAISS (CPU), no torch, the default model exported at build
 #   gpu       the GPU service on a CUDA 13 runtime base: onnxruntime-gpu (the only onnxruntime) + faiss-gpu-cuvs
 #   trainer   torch (CUDA 13 build from PyPI) + make + WordNet: runs `make train-export` into /models
-# Bases are pinned by exact tag (pass a digest to pin harder: --build-arg PYTHON_IMAGE=python:3.11.14-slim-trixie@sha256:...);
+# Bases are pinned by exact tag in the two FROM lines below (append @sha256:<digest> to pin harder);
 # Python packages by constraints.txt. Every target runs as uid 10001 and writes only under /data (the index),
 # /models (the trainer's exports) and $TMPDIR (the supervisor's sockets and metrics files: a tmpfs where the root
 # filesystem is read-only).
-ARG PYTHON_IMAGE=python:3.11.14-slim-trixie
-ARG CUDA_IMAGE=nvidia/cuda:13.0.2-runtime-ubuntu24.04
+FROM python:3.11.14-slim-trixie AS python-base
+FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS cuda-base
 
 # ---- the CPU service's packages, in a venv the runtime copies ------------------------------------------------
-FROM ${PYTHON_IMAGE} AS build-cpu
+FROM python-base AS build-cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
@@ -22,7 +22,7 @@ RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install -c constraints.txt ".${EXTRAS}"
 
 # ---- export the default model to ONNX (torch lives in this stage only) ---------------------------------------
-FROM ${PYTHON_IMAGE} AS export
+FROM python-base AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
@@ -36,25 +36,8 @@ ARG MODEL=default
 # No fp16 variant: fp16 is written only after its quality check on a GPU (the trainer target, on GPU nodes).
 RUN python -m training.export --model "${MODEL}" --out /models/default --no-fp16
 
-# ---- the CPU service (default target) -------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
-WORKDIR /app
-RUN useradd --system --uid 10001 --user-group --no-create-home sembed \
-    && mkdir -p /data && chown 10001:10001 /data
-COPY --from=build-cpu /opt/venv /opt/venv
-# Serve your own export: mount it here (docker run -v "$PWD/models/mine:/models/default:ro" ...).
-COPY --from=export --chown=10001:10001 /models /models
-USER 10001
-EXPOSE 8080
-VOLUME ["/data"]
-HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('SEMBED_PORT', '8080'), timeout=2)"]
-CMD ["python", "-m", "service"]
-
 # ---- the GPU service's packages: `make venv-gpu`'s install, in a venv ------------------------------------------
-FROM ${CUDA_IMAGE} AS gpu-base
+FROM cuda-base AS gpu-base
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image's tag pins the distribution; Ubuntu drops superseded package versions from its archive, so a
 # version pinned here would break the next build after a security update (hadolint DL3008, waived for this line).
@@ -120,3 +103,20 @@ USER 10001
 HEALTHCHECK NONE
 # Exports go to /models/<method>-<timestamp>/ (a volume the service reads), runs to /data/runs.
 CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models runs_dir=/data/runs"]
+
+# ---- the CPU service (the last stage: `docker build .` builds it) -------------------------------------------------------------------------
+FROM python-base AS runtime
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
+WORKDIR /app
+RUN useradd --system --uid 10001 --user-group --no-create-home sembed \
+    && mkdir -p /data && chown 10001:10001 /data
+COPY --from=build-cpu /opt/venv /opt/venv
+# Serve your own export: mount it here (docker run -v "$PWD/models/mine:/models/default:ro" ...).
+COPY --from=export --chown=10001:10001 /models /models
+USER 10001
+EXPOSE 8080
+VOLUME ["/data"]
+HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('SEMBED_PORT', '8080'), timeout=2)"]
+CMD ["python", "-m", "service"]
