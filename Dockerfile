@@ -61,13 +61,13 @@ RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install -c constraints.txt -r /tmp/gpu-requirements.txt \
     && /opt/venv/bin/python -c "import importlib.metadata as m; ort = sorted(d.metadata['Name'] for d in m.distributions() if d.metadata['Name'].startswith('onnxruntime')); assert ort == ['onnxruntime-gpu'], ort"
 
-# ---- the GPU service -----------------------------------------------------------------------------------------
+# ---- the GPU service --------------
 FROM gpu-base AS gpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index \
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index \
     SEMBED_DEVICE=cuda
 WORKDIR /app
-RUN mkdir -p /data && chown 10001:10001 /data
+RUN mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained
 COPY --from=build-gpu /opt/venv /opt/venv
 COPY --from=export --chown=10001:10001 /models /models
 USER 10001
@@ -95,24 +95,25 @@ COPY deploy/train-and-reload.sh ./deploy/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install -c constraints.txt ".[train,eval]" \
     && touch /opt/venv/.installed \
-    && mkdir -p /models /data && chown 10001:10001 /models /data
+    && mkdir -p /models/trained /data && chown 10001:10001 /models/trained /data
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 VENV=/opt/venv DATA=/datasets \
     HOME=/data HF_HOME=/data/hf
 USER 10001
 # No server here: nothing to probe (the job's exit status is its health).
 HEALTHCHECK NONE
-# Exports go to /models/<method>-<timestamp>/ (a volume the service reads), runs to /data/runs.
-CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models runs_dir=/data/runs"]
+# Exports go to /models/trained/<method>-<timestamp>/ (a volume the service reads), runs to /data/runs.
+CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models/trained runs_dir=/data/runs"]
 
 # ---- the CPU service (the last stage: `docker build .` builds it) -------------------------------------------------------------------------
 FROM python-base AS runtime
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
 WORKDIR /app
 RUN useradd --system --uid 10001 --user-group --no-create-home sembed \
-    && mkdir -p /data && chown 10001:10001 /data
+    && mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained
 COPY --from=build-cpu /opt/venv /opt/venv
-# Serve your own export: mount it here (docker run -v "$PWD/models/mine:/models/default:ro" ...).
+# Serve your own export: mount it over the default (docker run -v "$PWD/models/mine:/models/default:ro" ...);
+# exports the reload route may load go under /models/trained (SEMBED_MODELS_ROOT).
 COPY --from=export --chown=10001:10001 /models /models
 USER 10001
 EXPOSE 8080

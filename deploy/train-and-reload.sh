@@ -1,11 +1,11 @@
 #!/bin/sh
-# The trainer (compose profile `trainer`, k8s/overlays/gpu's Job): train with METHOD, export into /models, then ask
+# The trainer (compose profile `trainer`, k8s/overlays/gpu's Job): train with METHOD, export into /models/trained, then ask
 # the API at API_URL to serve the new export under its default model's name (POST /admin/models/<name>/reload).
 # Without API_URL it only trains and exports. Keys: the first line of /run/secrets/{api_keys,admin_api_keys}.
 set -eu
 METHOD="${METHOD:-cosent}"
 PRESET="${PRESET:-quick}"
-MODELS="${MODELS:-/models}"
+MODELS="${MODELS:-/models/trained}"
 make train-export METHOD="$METHOD" PRESET="$PRESET" ARGS="--set models_dir=$MODELS runs_dir=/data/runs ${TRAIN_ARGS:-}"
 export_name="$(ls -1t "$MODELS" | grep "^$METHOD-" | head -n 1)"
 echo "exported $MODELS/$export_name"
