@@ -152,7 +152,8 @@ def test_the_image_entrypoint_serves_with_the_image_environment(image_service):
     r = httpx.post(image_service.url + "/embed", json={"inputs": "hello"}, headers=auth)
     assert r.status_code == 200 and len(r.json()) == 1
     # the index writes under the data volume (SEMBED_INDEX_PATH=/data/index), nowhere else
-    r = httpx.post(image_service.url + "/index/documents", json={"documents": [{"id": "1", "text": "hi"}]}, headers=auth)
+    doc = {"documents": [{"id": "1", "text": "hi"}]}
+    r = httpx.post(image_service.url + "/index/documents", json=doc, headers=auth)
     assert r.status_code == 200, r.text
     assert any((image_service.tmp / "data" / "index").iterdir())
 
@@ -283,7 +284,8 @@ def test_the_local_index_is_one_statefulset_replica_and_scale_is_stateless(rende
     for overlay in ("cpu", "gpu"):
         (sts,) = by_kind(rendered[overlay], "StatefulSet")
         assert sts["spec"]["replicas"] == 1 and sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
-        assert not by_kind(rendered[overlay], "Deployment") and not by_kind(rendered[overlay], "HorizontalPodAutoscaler")
+        assert not by_kind(rendered[overlay], "Deployment")
+        assert not by_kind(rendered[overlay], "HorizontalPodAutoscaler")
     gpu = rendered["gpu"]
     assert by_kind(gpu, "StatefulSet")[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
         "nvidia.com/gpu"] == "1"
