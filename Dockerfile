@@ -3,26 +3,12 @@
 #   runtime   the CPU service (default): onnxruntime + FAISS (CPU), no torch, the default model exported at build
 #   gpu       the GPU service on a CUDA 13 runtime base: onnxruntime-gpu (the only onnxruntime) + faiss-gpu-cuvs
 #   trainer   torch (CUDA 13 build from PyPI) + make + WordNet: runs `make train-export` into /models
-# Bases are pinned by exact tag in the two FROM lines below (append @sha256:<digest> to pin harder);
+# Bases are pinned by exact tag, one Python tag for every Python stage (append @sha256:<digest> to pin harder);
 # Python packages by constraints.txt. Every target runs as uid 10001 and writes only under /data (the index),
 # /models (the trainer's exports) and $TMPDIR (the supervisor's sockets and metrics files: a tmpfs where the root
 # filesystem is read-only).
-FROM python:3.11.14-slim-trixie AS python-base
-FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS cuda-base
-
-# ---- the CPU service's packages, in a venv the runtime copies ------------------------------------------------
-FROM python-base AS build-cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
-COPY service ./service
-# EXTRAS="[milvus]": the Milvus client too (the stateless API of compose's `scale` profile and k8s's scale overlay).
-ARG EXTRAS=""
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install -c constraints.txt ".${EXTRAS}"
-
 # ---- export the default model to ONNX (torch lives in this stage only) ---------------------------------------
-FROM python-base AS export
+FROM python:3.11.14-slim-trixie AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
@@ -36,8 +22,19 @@ ARG MODEL=default
 # No fp16 variant: fp16 is written only after its quality check on a GPU (the trainer target, on GPU nodes).
 RUN python -m training.export --model "${MODEL}" --out /models/default --no-fp16
 
+# ---- the CPU service's packages, in a venv the runtime copies ------------------------------------------------
+FROM python:3.11.14-slim-trixie AS build-cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY service ./service
+# EXTRAS="[milvus]": the Milvus client too (the stateless API of compose's `scale` profile and k8s's scale overlay).
+ARG EXTRAS=""
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install -c constraints.txt ".${EXTRAS}"
+
 # ---- the GPU service's packages: `make venv-gpu`'s install, in a venv ------------------------------------------
-FROM cuda-base AS gpu-base
+FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04 AS gpu-base
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image's tag pins the distribution; Ubuntu drops superseded package versions from its archive, so a
 # version pinned here would break the next build after a security update (hadolint DL3008, waived for this line).
@@ -105,7 +102,7 @@ HEALTHCHECK NONE
 CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models/trained runs_dir=/data/runs"]
 
 # ---- the CPU service (the last stage: `docker build .` builds it) -------------------------------------------------------------------------
-FROM python-base AS runtime
+FROM python:3.11.14-slim-trixie AS runtime
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
     SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
 WORKDIR /app

@@ -55,7 +55,8 @@ def test_dockerfile_targets():
     bases = re.findall(r"^FROM (\S+:\S+) AS", text, flags=re.M)
     assert bases and all(re.search(r":v?\d+\.\d+\.\d+", b) for b in bases), bases
     assert list(s)[-1] == "runtime"
-    assert "cuda:13." in s["cuda-base"].splitlines()[0]
+    assert len({b for b in bases if b.startswith("python:")}) == 1  # one Python everywhere
+    assert "nvidia/cuda:13." in s["gpu-base"].splitlines()[0]
     # the CPU runtime: no torch, the service's packages only
     assert "torch" not in s["runtime"] and "[train" not in s["runtime"] + s["build-cpu"]
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
