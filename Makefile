@@ -1,11 +1,13 @@
 # Entry points: `make serve` (set up + serve the default model), `make test`.
+# Variables default from the service's environment where one exists: PORT from SEMBED_PORT, MODEL_DIR from
+# SEMBED_MODEL_DIR (`SEMBED_PORT=9000 make serve` serves on 9000); a variable on the command line wins.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODEL ?= default
-MODEL_DIR ?= models/all-MiniLM-L6-v2
-PORT ?= 8080
+MODEL_DIR ?= $(or $(SEMBED_MODEL_DIR),models/all-MiniLM-L6-v2)
+PORT ?= $(or $(SEMBED_PORT),8080)
 WORDNET_DIR ?= /usr/share/wordnet
 METHOD ?= cosent
 PRESET ?= quick
@@ -13,7 +15,8 @@ DATA ?= ../shared/data
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export bench bench-frontend wrk bench-index venv-gpu gpu-check
+.PHONY: serve test export venv wordnet lint eval train-export bench bench-frontend wrk bench-index venv-gpu gpu-check \
+	deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -62,8 +65,24 @@ wordnet:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wordnet-base >/dev/null; \
 	  else echo "WordNet missing: sudo apt-get install wordnet-base" >&2; exit 1; fi; }
 
-test: venv wordnet
+test: venv wordnet deploy-tools
 	$(PY) -m pytest -q
+
+# The deployment files' checkers that cannot share .venv: checkov (its pins clash with the dev environment's) in a
+# venv of its own, pinned by deploy/checkov-requirements.txt; promtool from Debian's prometheus package.
+CHECKOV_VENV := $(VENV)/checkov
+$(CHECKOV_VENV)/.installed: deploy/checkov-requirements.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install -q -r deploy/checkov-requirements.txt
+	touch $@
+
+deploy-tools: $(CHECKOV_VENV)/.installed promtool
+
+promtool:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool missing: sudo apt-get install prometheus (tests/test_deploy.py skips its check)" >&2; fi; }
 
 # Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets;
 # then the front end alone (bench-frontend). The second runs even if the first has a FAIL; the status says if any did.
