@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent("""
         one.observe(v)
     observe_all(bulk, np.array(values[:5]))
     observe_all(bulk, np.array([]))
-    observe_all(bulk, np.array(values[5:]))
+    observe_all(bulk, np.array(values[5:7]))  # a small batch: observe() for each
+    observe_all(bulk, np.array(values[7:]))
     if sys.argv[2] == "multiprocess":
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
