@@ -164,7 +164,8 @@ class RequestGuard:
         return app
 
     async def _run_app(self, scope, receive, send, body: bytes, app) -> None:
-        """Run the route, cancelling it if the client disconnects before the answer is sent."""
+        """Run the route in this task, cancelling it if the client disconnects before the answer is sent
+        (a watcher on `receive`; no second task for the route, no asyncio.wait)."""
         left = asyncio.Event()
         delivered = False
 
@@ -176,26 +177,27 @@ class RequestGuard:
             await left.wait()
             return {"type": "http.disconnect"}
 
-        task = asyncio.ensure_future(app(scope, replay, send))
+        current = asyncio.current_task()
         watcher = asyncio.ensure_future(receive())
+        running = True
 
         def on_message(w: asyncio.Future) -> None:
             if not w.cancelled() and w.exception() is None and w.result()["type"] == "http.disconnect":
                 left.set()
-                if not task.done():
-                    task.cancel()
+                if running:
+                    current.cancel()
 
         watcher.add_done_callback(on_message)
         try:
-            await asyncio.wait({task})
+            await app(scope, replay, send)
         except asyncio.CancelledError:
-            task.cancel()
-            raise
+            # the client left (our cancel, the only one pending): the request ends here, counted 499
+            if not left.is_set() or current.uncancel() > 0:
+                raise
         finally:
+            running = False
             watcher.remove_done_callback(on_message)
             watcher.cancel()
-        if not task.cancelled():
-            task.result()
 
     async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
         self.metrics.request_errors.labels(self._route_path(scope), error.error_type).inc()
