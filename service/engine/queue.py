@@ -116,9 +116,6 @@ class Batch:
 
     parts: list[tuple[Job, int, int]]
 
-    def __len__(self) -> int:
-        return sum(n for _, _, n in self.parts)
-
 
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
