@@ -9,10 +9,33 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+#: up to this many values, observe_all calls observe() for each
+SMALL_BATCH = 4
+
+
+def observe_all(histogram: Histogram, values: np.ndarray) -> None:
+    """`histogram.observe(v)` for every v, with one write per bucket touched instead of one per value (a
+    multiprocess write each: a 256-text request would pay 256). The same buckets (v <= bound) and sum."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size <= SMALL_BATCH:  # numpy's fixed cost is more than a few writes
+        for value in values.tolist():
+            histogram.observe(value)
+        return
+    histogram._raise_if_not_observable()
+    bounds = histogram._upper_bounds  # ends with +Inf
+    # the first bound >= v is v's bucket; NaN sorts past every bound, into none (as observe() puts it)
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+    for bucket, count in zip(histogram._buckets, counts.tolist()):
+        if count:
+            bucket.inc(count)
+    histogram._sum.inc(float(values.sum()))
 
 
 class ApiMetrics:

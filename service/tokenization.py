@@ -56,11 +56,12 @@ class Tokenizer:
     def encode(self, texts: list[str], truncation_direction: str = "right") -> tuple[TokenBatch, np.ndarray]:
         tokenizer = self._left if truncation_direction == "left" else self._right
         encodings = tokenizer.encode_batch_fast(texts)  # skips character offsets, which only /tokenize reads
-        original = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        rows = [e.ids for e in encodings]  # each .ids builds a list: once
+        original = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         for i, e in enumerate(encodings):
             if e.overflowing:  # every overflow piece repeats the special tokens: count the text's own
                 original[i] += sum(len(o.ids) - sum(o.special_tokens_mask) for o in e.overflowing)
-        return self._batch(encodings), original
+        return self._batch(encodings, rows), original
 
     def encode_pairs(self, pairs: list[tuple[str, str]],
                      truncation_direction: str = "right") -> tuple[TokenBatch, np.ndarray]:
@@ -69,11 +70,10 @@ class Tokenizer:
         # a cut pair's overflow pieces combine both sides' remainders: count it again, uncut (rare)
         original = np.array([len(self._full.encode(*pair).ids) if e.overflowing else len(e.ids)
                              for pair, e in zip(pairs, encodings)], dtype=np.int64)
-        return self._batch(encodings), original
+        return self._batch(encodings, [e.ids for e in encodings]), original
 
-    def _batch(self, encodings) -> TokenBatch:
-        ids = [e.ids for e in encodings]
-        return TokenBatch.from_rows(ids, [e.type_ids for e in encodings] if self.needs_type_ids else None)
+    def _batch(self, encodings, rows: list[list[int]]) -> TokenBatch:
+        return TokenBatch.from_rows(rows, [e.type_ids for e in encodings] if self.needs_type_ids else None)
 
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         out = []

@@ -79,10 +79,18 @@ class InProcessEngineClient:
 
 
 class ZmqEngineClient:
+    """A plain (blocking-API) DEALER socket driven by the event loop: sends never block (NOBLOCK), and
+    replies are read when the socket's file descriptor turns readable, each resolving its request's future
+    directly. zmq.asyncio would add a future, poller events and a flags computation to every send and
+    receive; this is the API process's hottest path."""
+
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.info: ModelInfo | None = None  # from the engine's hello (connect)
-        self._socket: zmq.asyncio.Socket | None = None
+        self._socket: zmq.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
+        self._drain_scheduled = False
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._sent_to: dict[int, int | None] = {}  # request id → the engine pid it was sent to
@@ -93,12 +101,16 @@ class ZmqEngineClient:
 
     async def connect(self, timeout_s: float = 600.0) -> ZmqEngineClient:
         """Connect and wait for the engine's hello (it may still be loading its model)."""
-        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        # the asyncio context's I/O thread, shared with this process's other sockets; a plain socket on it
+        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER, socket_class=zmq.Socket)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for an engine that is not there: fail at once
         socket.connect(self.endpoint)
         self._socket = socket
-        self._tasks = [asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._heartbeat())]
+        self._loop = asyncio.get_running_loop()
+        self._fd = socket.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._drain)
+        self._tasks = [asyncio.ensure_future(self._heartbeat())]
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -137,27 +149,30 @@ class ZmqEngineClient:
         for task in self._tasks:
             task.cancel()
         self._fail_pending("the engine client closed")
-        if self._socket is not None:
+        if self._socket is not None and not self._socket.closed:
+            self._loop.remove_reader(self._fd)
             self._socket.close()
 
     async def _call(self, header: dict[str, Any], frames: list | None = None,
                     timeout_s: float | None = None) -> tuple[dict[str, Any], list]:
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        future = self._loop.create_future()
         self._pending[request_id] = future
         self._sent_to[request_id] = self.engine_pid
         try:
             try:
-                await self._socket.send_multipart([pack({**header, "id": request_id}), *(frames or [])],
-                                                  flags=zmq.NOBLOCK, copy=False)
+                self._send([pack({**header, "id": request_id}), *(frames or [])])
             except zmq.Again:
                 raise EngineUnavailable(f"the engine at {self.endpoint} is not running (restarting?)") from None
-            async with asyncio.timeout(timeout_s):
+            if timeout_s is None:
                 reply, frames = await future
+            else:
+                async with asyncio.timeout(timeout_s):
+                    reply, frames = await future
         except asyncio.CancelledError:
             if header["op"] == "embed":  # the caller left: the engine drops its rows not yet run
                 with contextlib.suppress(zmq.ZMQError):
-                    self._socket.send(pack({"op": "cancel", "id": request_id}), flags=zmq.NOBLOCK)
+                    self._send([pack({"op": "cancel", "id": request_id})])
             raise
         finally:
             self._pending.pop(request_id, None)
@@ -166,27 +181,46 @@ class ZmqEngineClient:
             raise_error(reply)
         return reply, frames
 
-    async def _receive(self) -> None:
+    def _send(self, frames: list) -> None:
+        self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        # ZeroMQ's descriptor is edge-triggered and a send may consume the edge of a reply that came
+        # meanwhile: look, and read on the loop's next turn if one is there
+        if not self._drain_scheduled and self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Every reply waiting, until zmq.Again (the descriptor only signals a change)."""
+        self._drain_scheduled = False
+        socket = self._socket
+        if socket is None or socket.closed:
+            return
         while True:
-            header_frame, *frames = await self._socket.recv_multipart(copy=False)
+            try:
+                header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
             header = unpack(header_frame.buffer)
             if header.get("op") == "pong":
-                self._last_pong = time.monotonic()
-                self._engine_ready = header["ready"]
-                if header["pid"] != self.engine_pid and self.engine_pid is not None:
-                    # a restarted engine never saw what was sent to the one that died: fail those now
-                    log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
-                    self._fail_pending("the engine process was restarted", sent_to=self.engine_pid)
-                    self.engine_pid = header["pid"]
+                self._pong(header)
                 continue
             future = self._pending.get(header.get("id"))
             if future is not None and not future.done():
                 future.set_result((header, [f.buffer for f in frames]))
 
+    def _pong(self, header: dict[str, Any]) -> None:
+        self._last_pong = time.monotonic()
+        self._engine_ready = header["ready"]
+        if header["pid"] != self.engine_pid and self.engine_pid is not None:
+            # a restarted engine never saw what was sent to the one that died: fail those now
+            log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
+            self._fail_pending("the engine process was restarted", sent_to=self.engine_pid)
+            self.engine_pid = header["pid"]
+
     async def _heartbeat(self) -> None:
         while True:
             with contextlib.suppress(zmq.ZMQError):
-                self._socket.send(pack({"op": "ping", "id": 0}), flags=zmq.NOBLOCK)
+                self._send([pack({"op": "ping", "id": 0})])
             await asyncio.sleep(HEARTBEAT_S)
             if self._pending and time.monotonic() - self._last_pong > DEAD_AFTER_S:
                 self._fail_pending(f"the engine at {self.endpoint} stopped answering (it is being restarted)")

@@ -7,7 +7,11 @@
   for a client that never finishes sending);
 - a client that disconnects cancels its request, which drops its rows from the queue;
 - API keys, when set (service/auth.py);
-- every request is counted by route and status (499: the client left) and logged as one JSON line.
+- every request is counted by route and status (499: the client left) and logged as one JSON line;
+- POST /embed and /v1/embeddings, the routes a client calls per text, skip FastAPI's stack when their
+  body is valid (`lean`): pydantic's own JSON parser fills the route's body model and the route runs
+  with the app's error handler. A body it refuses goes the whole FastAPI way, so every error answer
+  is FastAPI's own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import re
 import time
 
 import orjson
+from fastapi import Request
+from pydantic import ValidationError
 from starlette.routing import Match
 
 from service.api.auth import ApiKeys
@@ -36,7 +42,8 @@ _CLIENT_LEFT = ApiError(CLIENT_CLOSED, "the client left while sending its body",
 
 class RequestGuard:
     def __init__(self, app, *, metrics: ApiMetrics, router, max_body_bytes: int, body_timeout_s: float,
-                 keys: ApiKeys | None = None, access_log: bool = False):
+                 keys: ApiKeys | None = None, access_log: bool = False, lean_paths: tuple[str, ...] = (),
+                 error_handler=None):
         self.app = app
         self.keys = keys or ApiKeys([])
         self.access_log = access_log
@@ -44,6 +51,10 @@ class RequestGuard:
         self.router = router
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.error_handler = error_handler
+        # path → (route, its body model, its endpoint `async def f(req, request)`)
+        self.lean = {r.path: (r, r.dependant.body_params[0].field_info.annotation, r.dependant.call)
+                     for r in _flatten(router.routes) if r.path in lean_paths and "POST" in r.methods}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -76,7 +87,17 @@ class RequestGuard:
                     if problem is not _CLIENT_LEFT:  # nobody to answer
                         await self._reply(scope, send_with_id, problem, request_id)
                     return
-            await self._run_app(scope, receive, send_with_id, body)
+            lean = self.lean.get(scope["path"]) if body and not scope.get("root_path") else None
+            app = self.app
+            if lean is not None and scope["method"] == "POST":
+                route, model, endpoint = lean
+                try:
+                    req = model.model_validate_json(body)
+                except ValidationError:
+                    pass  # FastAPI's route answers it, in its own words
+                else:
+                    app = self._lean_app(route, req, endpoint)
+            await self._run_app(scope, receive, send_with_id, body, app)
         finally:
             route = self._route_path(scope)
             seconds = time.perf_counter() - start
@@ -131,8 +152,20 @@ class RequestGuard:
             return b"", ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
                                  "Validation", headers={"Connection": "close"})
 
-    async def _run_app(self, scope, receive, send, body: bytes) -> None:
-        """Run the route, cancelling it if the client disconnects before the answer is sent."""
+    def _lean_app(self, route, req, endpoint):
+        async def app(scope, receive, send):
+            scope["route"] = route  # what the metrics and the error body name
+            request = Request(scope, receive, send)
+            try:
+                response = await endpoint(req, request)
+            except Exception as exc:
+                response = await self.error_handler(request, exc)
+            await response(scope, receive, send)
+        return app
+
+    async def _run_app(self, scope, receive, send, body: bytes, app) -> None:
+        """Run the route in this task, cancelling it if the client disconnects before the answer is sent
+        (a watcher on `receive`; no second task for the route, no asyncio.wait)."""
         left = asyncio.Event()
         delivered = False
 
@@ -144,26 +177,27 @@ class RequestGuard:
             await left.wait()
             return {"type": "http.disconnect"}
 
-        task = asyncio.ensure_future(self.app(scope, replay, send))
+        current = asyncio.current_task()
         watcher = asyncio.ensure_future(receive())
+        running = True
 
         def on_message(w: asyncio.Future) -> None:
             if not w.cancelled() and w.exception() is None and w.result()["type"] == "http.disconnect":
                 left.set()
-                if not task.done():
-                    task.cancel()
+                if running:
+                    current.cancel()
 
         watcher.add_done_callback(on_message)
         try:
-            await asyncio.wait({task})
+            await app(scope, replay, send)
         except asyncio.CancelledError:
-            task.cancel()
-            raise
+            # the client left (our cancel, the only one pending): the request ends here, counted 499
+            if not left.is_set() or current.uncancel() > 0:
+                raise
         finally:
+            running = False
             watcher.remove_done_callback(on_message)
             watcher.cancel()
-        if not task.cancelled():
-            task.result()
 
     async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
         self.metrics.request_errors.labels(self._route_path(scope), error.error_type).inc()

@@ -16,7 +16,7 @@ from typing import Any
 
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, ModelInfo, TokenBatch, WrongModelType
-from service.metrics import ApiMetrics
+from service.metrics import ApiMetrics, observe_all
 from service.tokenization import TextTokenizer, check_texts, check_truncation, from_ids
 
 log = logging.getLogger("sembed.registry")
@@ -106,8 +106,7 @@ class ServedModel:
     async def _infer(self, batch: TokenBatch, normalize: bool, timeout_s: float | None,
                      tokenization_s: float) -> EmbedResult:
         self.metrics.tokenization_seconds.observe(tokenization_s)
-        for length in batch.lengths.tolist():
-            self.metrics.input_tokens.observe(length)
+        observe_all(self.metrics.input_tokens, batch.lengths)
         result = await self.client.embed(batch, normalize=normalize, timeout_s=timeout_s)
         result.tokenization_s = tokenization_s
         return result

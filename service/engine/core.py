@@ -17,7 +17,9 @@ import logging
 import queue as threading_queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,36 +100,47 @@ class Engine:
         return {"in_flight": self._held_inputs, "queued_rows": self.queue.queued_rows(),
                 "tokens_per_s": self.admission.rate}
 
-    # --- the request path (event loop) ------------------------------------------------------------
-    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None) -> EmbedResult:
-        """Vectors for token ids already checked and truncated by the API process."""
+    # --- the request path ------------------------------------------------------------------------
+    def submit(self, batch: TokenBatch, *, timeout_s: float | None = None,
+               on_done: Callable[[Job], None], context: Any = None) -> Job:
+        """Admit and queue token ids already checked and truncated by the API process; `on_done(job)` is
+        called once, from an engine thread. Every submitted job is `release`d once by its submitter, from
+        the submitting thread (the held count is that thread's alone)."""
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
-        n = len(batch)
-        if n == 0:
+        if len(batch) == 0:
             raise InvalidInput("no inputs")
         self._admit(batch)
-        self._held_inputs += n
+        job = Job(batch, self.info.dimension, time.monotonic() + (timeout_s or self.config.request_timeout_s),
+                  on_done, context)
+        self._held_inputs += job.size
+        self.queue.put(job)
+        return job
+
+    def release(self, job: Job) -> None:
+        """The submitter is done with `job` (answered, or its caller left: then its rows not yet run are dropped)."""
+        if not job.finished:
+            job.cancelled = True
+        self._held_inputs -= job.size
+
+    def result(self, job: Job, normalize: bool = True) -> EmbedResult:
+        """A finished job's answer, or its error raised."""
+        if job.error is not None:
+            raise job.error
+        queue_s = job.scheduled_at - job.enqueued_at
+        self.metrics.queue_seconds.observe(queue_s)
+        return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, queue_s, job.inference_s)
+
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None) -> EmbedResult:
+        """The same, awaited on an event loop in this process (tests, tools)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        job = self.submit(batch, timeout_s=timeout_s, on_done=lambda j: loop.call_soon_threadsafe(_resolve, future))
         try:
-            loop = asyncio.get_running_loop()
-            items = [Tokenized(batch.row(i), batch.type_row(i)) for i in range(n)]
-            future = loop.create_future()
-            deadline = time.monotonic() + (timeout_s or self.config.request_timeout_s)
-            job = Job(items, self.info.dimension, deadline,
-                      on_done=lambda j: loop.call_soon_threadsafe(_resolve, future, j))
-            self.queue.put(job)
-            try:
-                await future
-            except asyncio.CancelledError:
-                job.cancelled = True  # the caller left: its rows not yet run are dropped
-                raise
-            if job.error is not None:
-                raise job.error
-            queue_s = job.scheduled_at - job.enqueued_at
-            self.metrics.queue_seconds.observe(queue_s)
-            return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, queue_s, job.inference_s)
+            await future
+            return self.result(job, normalize)
         finally:
-            self._held_inputs -= n
+            self.release(job)
 
     def _admit(self, batch: TokenBatch) -> None:
         n = len(batch)
@@ -152,45 +165,46 @@ class Engine:
         while (batch := self._prepared.get() if self.config.prefetch else self.queue.next_batch()) is not None:
             self.metrics.queue_rows.set(self.queue.queued_rows())
             # callers may have left while it waited (prefetched): their rows are dropped here, not run
-            rows = [(job, row) for job, row in batch.rows if not (job.cancelled or job.finished)]
-            if not rows:
+            parts = [part for part in batch.parts if not (part[0].cancelled or part[0].finished)]
+            if not parts:
                 continue
-            items = [job.items[row] for job, row in rows]
-            seq_len = padded_length(max(i.length for i in items), self.pad_to_multiple_of)
-            self._running_tokens = sum(i.length for i in items)
+            self._running_tokens = sum(job.tokens(start, n) for job, start, n in parts)
             try:
-                self._run(rows, items, seq_len)
+                self._run(parts)
             except BaseException as e:  # never lose the thread: fail what it held and go on
                 log.exception("inference pass failed unexpectedly")
-                for job, _ in rows:
+                for job, _, _ in parts:
                     job.fail(InferenceFailed(f"internal error in the inference thread: {type(e).__name__}"))
             finally:
                 self._running_tokens = 0
 
-    def _run(self, rows: list[tuple[Job, int]], items: list[Tokenized], seq_len: int) -> None:
-        start = time.perf_counter()
+    def _run(self, parts: list[tuple[Job, int, int]]) -> None:
+        items = [job.item(start + k) for job, start, n in parts for k in range(n)]
+        seq_len = padded_length(max(job.longest(start, n) for job, start, n in parts), self.pad_to_multiple_of)
+        start_time = time.perf_counter()
         try:
             normalized, raw = self.backend.run(items, seq_len)
         except Exception as e:
-            if len(rows) > 1:  # find the culprit: each row alone gives the same bits as in the batch
-                for job, row in rows:
-                    item = job.items[row]
-                    self._run([(job, row)], [item], padded_length(item.length, self.pad_to_multiple_of))
+            if len(items) > 1:  # find the culprit: each row alone gives the same bits as in the batch
+                for job, start, n in parts:
+                    for k in range(n):
+                        self._run([(job, start + k, 1)])
             else:
                 log.warning("input failed in the model: %s", e)
-                rows[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
+                parts[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
             return
-        seconds = time.perf_counter() - start
-        tokens = sum(i.length for i in items)
+        seconds = time.perf_counter() - start_time
+        tokens = sum(job.tokens(start, n) for job, start, n in parts)
         self.admission.observe_pass(tokens, seconds)
-        self.metrics.observe_pass(len(rows), tokens, len(rows) * seq_len, seconds)
-        for job in {job for job, _ in rows}:
+        self.metrics.observe_pass(len(items), tokens, len(items) * seq_len, seconds)
+        row = 0
+        for job, start, n in parts:  # a job's rows are consecutive in the pass: one slice each
             job.inference_s += seconds
-        for k, (job, row) in enumerate(rows):
-            job.fill(row, normalized[k], raw[k])
+            job.fill(start, normalized[row:row + n], raw[row:row + n])
+            row += n
 
 
-def _resolve(future: asyncio.Future, job: Job) -> None:
+def _resolve(future: asyncio.Future) -> None:
     if not future.done():  # done: cancelled, the caller already left
         future.set_result(None)
 

@@ -11,7 +11,7 @@ Modelled on TEI's `core/src/queue.rs`, with two changes for a CPU where one pass
 A pass holds at most `max_batch_requests` rows and `max_batch_tokens` tokens counted *with*
 padding (rows × padded length), which is what the model computes and what bounds its memory.
 Requests whose caller left, or whose deadline passed, are dropped before they reach the model.
-The queue is shared by the event loop (put) and the inference thread (next_batch): one lock.
+The queue is shared by the submitting thread (put) and the inference thread (next_batch): one lock.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from service.engine.backends.base import Tokenized, padded_length
+from service.ipc.messages import TokenBatch
 
 #: a row may be padded to at most this many times its own (padded) length
 MAX_PADDING_RATIO = 2
@@ -31,12 +33,13 @@ MAX_PADDING_RATIO = 2
 
 @dataclass(eq=False)
 class Job:
-    """One request's texts. The inference thread fills rows and calls `on_done` once, from its thread."""
+    """One request's texts. The inference thread fills rows and calls `on_done` once, from an engine thread."""
 
-    items: list[Tokenized]
+    batch: TokenBatch
     dimension: int
     deadline: float  # time.monotonic()
     on_done: Callable[[Job], None]
+    context: Any = None  # the submitter's own: whom to answer
     normalized: np.ndarray = field(init=False)
     raw: np.ndarray = field(init=False)
     error: BaseException | None = None
@@ -45,27 +48,53 @@ class Job:
     scheduled_at: float | None = None  # when its first row entered a pass
     inference_s: float = 0.0  # time spent in passes that carried its rows
     served_tokens: int = 0
-    _order: list[int] = field(init=False)  # row indices, shortest first: the order rows are scheduled
+    size: int = field(init=False)  # rows
+    _order: np.ndarray = field(init=False)  # row indices, shortest first: the order rows are scheduled
+    _sorted: list[int] = field(init=False)  # the rows' lengths in that order
+    _cumulative: list[int] = field(init=False)  # tokens of the first k rows in that order
+    _offsets: list[int] = field(init=False)
     _cursor: int = 0
     _pending: int = field(init=False)
     prompt_tokens: int = field(init=False)
     _finished: bool = False
 
     def __post_init__(self) -> None:
-        self.normalized = np.empty((len(self.items), self.dimension), dtype=np.float32)
-        self.raw = np.empty((len(self.items), self.dimension), dtype=np.float32)
-        self._order = sorted(range(len(self.items)), key=lambda i: self.items[i].length)
-        self._pending = len(self.items)
-        self.prompt_tokens = sum(i.length for i in self.items)
+        # whole-array work here, so no step of the engine needs a Python object per row
+        n = self.size = len(self.batch)
+        lengths = np.diff(self.batch.offsets)
+        self._order = np.argsort(lengths, kind="stable")
+        ordered = lengths[self._order]
+        self._sorted = ordered.tolist()
+        self._cumulative = [0, *np.cumsum(ordered).tolist()]
+        self._offsets = self.batch.offsets.tolist()
+        self.normalized = np.empty((n, self.dimension), dtype=np.float32)
+        self.raw = np.empty((n, self.dimension), dtype=np.float32)
+        self._pending = n
+        self.prompt_tokens = self._cumulative[-1]
 
     @property
     def finished(self) -> bool:
         return self._finished
 
-    def fill(self, row: int, normalized: np.ndarray, raw: np.ndarray) -> None:
-        self.normalized[row] = normalized
-        self.raw[row] = raw
-        self._pending -= 1
+    def item(self, position: int) -> Tokenized:
+        """The row at `position` in scheduling order, as a backend takes it."""
+        row = int(self._order[position])
+        start, end = self._offsets[row], self._offsets[row + 1]
+        types = self.batch.type_ids
+        return Tokenized(self.batch.ids[start:end], None if types is None else types[start:end])
+
+    def longest(self, start: int, n: int) -> int:
+        return self._sorted[start + n - 1]  # scheduling order is shortest first
+
+    def tokens(self, start: int, n: int) -> int:
+        return self._cumulative[start + n] - self._cumulative[start]
+
+    def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray) -> None:
+        """The vectors of the rows at scheduling positions start.. (one pass's share of this job)."""
+        rows = self._order[start:start + len(normalized)]
+        self.normalized[rows] = normalized
+        self.raw[rows] = raw
+        self._pending -= len(rows)
         if self._pending == 0:
             self._finish()
 
@@ -82,9 +111,10 @@ class Job:
 
 @dataclass
 class Batch:
-    """One forward pass: rows from one or several jobs (the runner pads them to their longest)."""
+    """One forward pass: from each job, rows at consecutive scheduling positions (start, count), so a job's
+    share of the pass is one slice of the output (the runner pads the rows to their longest)."""
 
-    rows: list[tuple[Job, int]]
+    parts: list[tuple[Job, int, int]]
 
 
 class BatchQueue:
@@ -100,13 +130,15 @@ class BatchQueue:
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
         self._closed = False
+        self._waiting = False  # the inference thread sleeps on _cond
 
-    # --- event-loop side ----------------------------------------------------------------------
+    # --- the submitting side -------------------------------------------------------------------
     def put(self, job: Job) -> None:
         job.enqueued_at = time.monotonic()
         with self._cond:
             self._jobs.append(job)
-            self._cond.notify()
+            if self._waiting:  # a busy inference thread looks again after its pass: no wake-up per request
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -115,7 +147,7 @@ class BatchQueue:
 
     def queued_rows(self) -> int:
         with self._cond:
-            return sum(len(j.items) - j._cursor for j in self._jobs)
+            return sum(j.size - j._cursor for j in self._jobs)
 
     def remaining_tokens(self) -> list[int]:
         """Each queued request's tokens not yet in a pass: what admission weighs a new request against."""
@@ -131,7 +163,9 @@ class BatchQueue:
                 if not self._jobs:
                     if self._closed:
                         return None
+                    self._waiting = True
                     self._cond.wait()
+                    self._waiting = False
                     continue
                 return self._select()
 
@@ -150,37 +184,35 @@ class BatchQueue:
         # Least-served job first, then the oldest: the first row always fits (see __init__).
         jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.enqueued_at))
         taken = dict.fromkeys(jobs, 0)
-        rows: list[tuple[Job, int]] = []
-        seq_len = 0
-        shortest = 0
-        open_jobs = list(jobs)
-        while open_jobs and len(rows) < self.max_batch_requests:
+        multiple, budget, cap = self.pad_to_multiple_of, self.max_batch_tokens, self.max_batch_requests
+        rows = seq_len = shortest = 0
+        open_jobs = jobs
+        while open_jobs and rows < cap:
             still_open = []
             for job in open_jobs:  # one row from each job per round: round-robin among the chosen
-                if len(rows) == self.max_batch_requests:
+                if rows == cap:
                     break
                 position = job._cursor + taken[job]
-                if position == len(job.items):
+                if position == job.size:
                     continue
-                row = job._order[position]
-                own = padded_length(job.items[row].length, self.pad_to_multiple_of)
+                own = -(-job._sorted[position] // multiple) * multiple  # padded_length, inlined: once per row
                 new_len = max(seq_len, own)
                 new_short = min(shortest, own) if rows else own
-                if rows and ((len(rows) + 1) * new_len > self.max_batch_tokens
-                             or new_len > MAX_PADDING_RATIO * new_short):
+                if rows and ((rows + 1) * new_len > budget or new_len > MAX_PADDING_RATIO * new_short):
                     continue  # this job's later rows are longer still: it is done for this pass
-                rows.append((job, row))
+                rows += 1
                 taken[job] += 1
                 seq_len, shortest = new_len, new_short
                 still_open.append(job)
             open_jobs = still_open
         now = time.monotonic()
+        parts = []
         for job, n in taken.items():
             if n:
-                rows_taken = job._order[job._cursor : job._cursor + n]
-                job.served_tokens += sum(job.items[r].length for r in rows_taken)
+                parts.append((job, job._cursor, n))
+                job.served_tokens += job.tokens(job._cursor, n)
                 job._cursor += n
                 if job.scheduled_at is None:
                     job.scheduled_at = now
-        self._jobs = [j for j in self._jobs if j._cursor < len(j.items)]
-        return Batch(rows)
+        self._jobs = [j for j in self._jobs if j._cursor < j.size]
+        return Batch(parts)

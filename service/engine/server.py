@@ -1,8 +1,11 @@
 """The engine process: one model on one device, served to the API processes over ZeroMQ.
 
-A ROUTER socket takes requests from every API process's DEALER (service/api/client.py); each
-embed becomes a task on this process's event loop, awaiting the Engine (admission, queue, the
-inference thread). Ops:
+A ROUTER socket takes requests from every API process's DEALER (service/api/client.py). One I/O
+thread (this process's main thread) does all the socket work with plain blocking ZeroMQ, as vLLM's
+engine core does: it sleeps until a message or a finished job wakes it, takes every message waiting
+(admitting each embed into the queue), then answers every job the inference thread finished
+meanwhile. No task, future or thread hand-off per request: the inference thread only appends a
+finished job to a deque, and writes one wake-up byte when the I/O thread is not already awake. Ops:
 
     hello   → the model's info (what the API process needs to validate and answer)
     ping    → pong: alive, ready, queue stats (the clients' heartbeat: a dead engine is noticed)
@@ -13,18 +16,19 @@ inference thread). Ops:
 
 from __future__ import annotations
 
-import asyncio
+import collections
 import logging
 import os
 import signal
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
 import zmq
-import zmq.asyncio
 
 from service.engine.backends import create_backend
 from service.engine.core import Engine, EngineConfig, measure_rate
+from service.engine.queue import Job
 from service.ipc.messages import EngineError, batch_from_frames, error_header, pack, unpack
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
@@ -32,84 +36,146 @@ from service.settings import Settings
 
 log = logging.getLogger("sembed.engine")
 
+#: the I/O thread's longest sleep: how often it looks at the stop flag if no wake-up came
+POLL_MS = 100
+
 
 class EngineServer:
     def __init__(self, engine: Engine, endpoint: str):
         self.engine = engine
         self.endpoint = endpoint
-        self._context = zmq.asyncio.Context.instance()
-        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._tasks: dict[tuple[bytes, int], asyncio.Task] = {}
-        self._stopping = asyncio.Event()
+        self._jobs: dict[tuple[bytes, int], Job] = {}  # admitted, not yet answered or cancelled
+        self._health_checks = 0
+        # finished jobs (and health answers) from the engine's threads; the I/O thread answers them
+        self._done: collections.deque = collections.deque()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._awake = False  # a wake-up byte is on its way or the I/O thread is about to look: no more needed
+        self._stopping = False
 
-    async def serve(self) -> None:
+    def serve(self) -> None:
         self._socket.bind(self.endpoint)
-        receiver = asyncio.ensure_future(self._receive())
-        await self._stopping.wait()
-        # drain: requests already admitted finish and are answered; new ones get NotReady
-        self.engine._accepting = False
-        while self._tasks:
-            await asyncio.sleep(0.01)
-        receiver.cancel()
-        self._socket.close()
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        try:
+            while True:
+                if self._stopping:
+                    # drain: requests already admitted finish and are answered; new ones get NotReady
+                    self.engine._accepting = False
+                    if not self._jobs and not self._health_checks:
+                        break
+                poller.poll(POLL_MS)
+                self._clear_wake()
+                self._receive_all()
+                self._answer_done()
+        finally:
+            self._socket.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     def stop(self) -> None:
-        self._stopping.set()
+        """From a signal handler or another thread: drain, then return from serve()."""
+        self._stopping = True
+        self._wake()
 
-    async def _receive(self) -> None:
+    # --- engine threads → I/O thread ------------------------------------------------------------
+    def _finished(self, item) -> None:
+        self._done.append(item)
+        if not self._awake:
+            self._wake()
+
+    def _wake(self) -> None:
+        self._awake = True
+        try:
+            os.write(self._wake_write, b"x")
+        except (BlockingIOError, OSError):  # full: a wake-up is pending anyway; closed: serve() has returned
+            pass
+
+    def _clear_wake(self) -> None:
+        # before the deque is read: a job finished after this point writes a new wake-up byte
+        self._awake = False
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    # --- the I/O thread ---------------------------------------------------------------------------
+    def _receive_all(self) -> None:
+        socket = self._socket
         while True:
-            identity, header_frame, *frames = await self._socket.recv_multipart(copy=False)
-            header = unpack(header_frame.buffer)
-            op = header["op"]
-            peer = identity.bytes
-            if op == "embed":
-                key = (peer, header["id"])
-                task = asyncio.ensure_future(self._embed(peer, header, frames))
-                self._tasks[key] = task
-                task.add_done_callback(lambda _, key=key: self._tasks.pop(key, None))
-            elif op == "cancel":
-                task = self._tasks.get((peer, header["id"]))
-                if task is not None:
-                    task.cancel()
-            elif op == "ping":
-                await self._reply(peer, {"op": "pong", "id": header["id"], "ready": self.engine.ready,
-                                         "pid": os.getpid(), **self.engine.stats()})
-            elif op == "hello":
-                await self._reply(peer, {"op": "hello", "id": header["id"], "info": asdict(self.engine.info),
-                                         "pid": os.getpid()})
-            elif op == "health":
-                asyncio.ensure_future(self._health(peer, header["id"]))
+            try:
+                identity, header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(identity, unpack(header_frame), frames)
+            except Exception:  # never let one message take the server down
+                log.exception("a message to the engine failed")
 
-    async def _embed(self, peer: bytes, header: dict, frames) -> None:
+    def _handle(self, peer: bytes, header: dict, frames: list[bytes]) -> None:
+        op = header["op"]
         request_id = header["id"]
-        try:
-            batch = batch_from_frames(*(f.buffer for f in frames))
-            result = await self.engine.embed(batch, normalize=header.get("normalize", True),
-                                             timeout_s=header.get("timeout_s"))
-        except asyncio.CancelledError:
-            return  # the client left and was told nothing: it no longer waits
-        except EngineError as e:
-            await self._reply(peer, error_header(request_id, e))
-            return
-        except Exception as e:  # never let one request take the loop down
-            log.exception("request failed in the engine")
-            await self._reply(peer, error_header(request_id, e))
-            return
-        vectors = result.vectors
-        await self._reply(peer, {"id": request_id, "shape": vectors.shape, "prompt_tokens": result.prompt_tokens,
-                                 "queue_s": result.queue_s, "inference_s": result.inference_s},
-                          memoryview(vectors.astype("<f4", copy=False).reshape(-1)))
+        if op == "embed":
+            try:
+                job = self.engine.submit(batch_from_frames(*frames), timeout_s=header.get("timeout_s"),
+                                         on_done=self._finished,
+                                         context=(peer, request_id, header.get("normalize", True)))
+            except Exception as e:
+                if not isinstance(e, EngineError):
+                    log.exception("request failed in the engine")
+                self._reply(peer, error_header(request_id, e))
+                return
+            self._jobs[(peer, request_id)] = job
+        elif op == "cancel":  # the client left and is told nothing: it no longer waits
+            job = self._jobs.pop((peer, request_id), None)
+            if job is not None:
+                self.engine.release(job)
+        elif op == "ping":
+            self._reply(peer, {"op": "pong", "id": request_id, "ready": self.engine.ready, "pid": os.getpid(),
+                               **self.engine.stats()})
+        elif op == "hello":
+            self._reply(peer, {"op": "hello", "id": request_id, "info": asdict(self.engine.info), "pid": os.getpid()})
+        elif op == "health":
+            self._health_checks += 1
+            threading.Thread(target=self._health, args=(peer, request_id), daemon=True).start()
 
-    async def _health(self, peer: bytes, request_id: int) -> None:
+    def _answer_done(self) -> None:
+        done = self._done
+        while done:
+            item = done.popleft()
+            if not isinstance(item, Job):  # a health check's answer
+                self._health_checks -= 1
+                self._reply(*item)
+                continue
+            peer, request_id, normalize = item.context
+            if self._jobs.pop((peer, request_id), None) is not item:
+                continue  # cancelled: its caller already left
+            self.engine.release(item)
+            try:
+                result = self.engine.result(item, normalize)
+            except Exception as e:
+                self._reply(peer, error_header(request_id, e))
+                continue
+            vectors = result.vectors
+            self._reply(peer, {"id": request_id, "shape": vectors.shape, "prompt_tokens": result.prompt_tokens,
+                               "queue_s": result.queue_s, "inference_s": result.inference_s},
+                        memoryview(vectors.astype("<f4", copy=False).reshape(-1)))
+
+    def _health(self, peer: bytes, request_id: int) -> None:  # its own thread: a real forward pass
         try:
-            await asyncio.to_thread(self.engine.backend.health)
-            await self._reply(peer, {"id": request_id, "ok": True})
+            self.engine.backend.health()
+            answer = {"id": request_id, "ok": True}
         except Exception as e:
-            await self._reply(peer, error_header(request_id, EngineError(f"health check failed: {e}")))
+            answer = error_header(request_id, EngineError(f"health check failed: {e}"))
+        self._finished((peer, answer))
 
-    async def _reply(self, peer: bytes, header: dict, *frames) -> None:
-        await self._socket.send_multipart([peer, pack(header), *frames], copy=False)
+    def _reply(self, peer: bytes, header: dict, *frames) -> None:
+        self._socket.send_multipart([peer, pack(header), *frames], copy=False)
 
 
 def engine_config(settings: Settings) -> EngineConfig:
@@ -149,13 +215,8 @@ def run(settings: Settings, export_dir: str, endpoint: str) -> None:
     engine = load_engine(settings, export_dir, EngineMetrics())
     engine.start()
     server = EngineServer(engine, endpoint)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        # SIGTERM from the supervisor, once the API processes have drained; Ctrl-C is the supervisor's to handle
-        loop.add_signal_handler(signal.SIGTERM, server.stop)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        await server.serve()
-
-    asyncio.run(main())
+    # SIGTERM from the supervisor, once the API processes have drained; Ctrl-C is the supervisor's to handle
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server.serve()
     engine.stop()

@@ -14,6 +14,7 @@ The engine's failure kinds are defined here, so both sides raise and catch the s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import msgpack
@@ -37,9 +38,8 @@ class TokenBatch:
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=total)
-        types = None if type_rows is None else np.fromiter((t for r in type_rows for t in r), dtype=np.int8,
-                                                            count=total)
+        ids = np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=total)
+        types = None if type_rows is None else np.fromiter(chain.from_iterable(type_rows), dtype=np.int8, count=total)
         return cls(ids, offsets, types)
 
     def __len__(self) -> int:
