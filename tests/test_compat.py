@@ -114,3 +114,12 @@ def test_huggingface_hub_inference_client(live_service, client, monkeypatch):
     expected = client.post("/similarity", json={"inputs": {"source_sentence": GUITAR, "sentences": TEXTS[1:]}})
     assert scores == pytest.approx(expected.json(), abs=1e-6)
     assert scores[0] > 0.7 > scores[1]
+
+
+def test_empty_inputs_are_answered_as_each_protocol_answers_them(live_service):
+    """TEI refuses an empty input with 422 (its validation error); OpenAI with 400 invalid_request_error."""
+    tei = httpx.post(f"{live_service.url}/embed", json={"inputs": ["fine", ""]})
+    assert tei.status_code == 422 and tei.json()["error_type"] == "Validation" and "inputs[1]" in tei.json()["error"]
+    openai = httpx.post(f"{live_service.url}/v1/embeddings", json={"input": "", "model": "all-MiniLM-L6-v2"})
+    assert openai.status_code == 400 and openai.json()["error"]["type"] == "invalid_request_error"
+    assert openai.json()["error"]["param"] == "input"

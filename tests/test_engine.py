@@ -242,16 +242,16 @@ def test_truncate_false_names_the_token_count():
 
 
 def test_admission_refuses_by_expected_wait_so_small_requests_still_get_in():
-    engine, backend = make_engine(max_queue_wait_s=1.0, max_batch_requests=8)
+    engine, backend = make_engine(max_queue_wait_s=0.6, max_batch_requests=4)
     engine.admission.observe_pass(100, 1.0)  # 100 tokens/s: a test knows every estimate
 
     async def run():
         backend.gate.clear()
         big = [asyncio.ensure_future(engine.embed([words(8, f"b{i}{j}") for j in range(4)])) for i in range(2)]
-        await queued(engine)  # both (2 × 40 tokens) are in the pass on the device, held at the gate
-        with pytest.raises(Overloaded, match="would wait about 1.2 s") as refused:
-            await engine.embed([words(8, f"c{j}") for j in range(4)])  # its own 40 + the 80 running: 1.2 s
-        small = asyncio.ensure_future(engine.embed(["one"]))  # 3 + 80 tokens: 0.83 s, admitted
+        await queued(engine)  # 4 rows (40 tokens) in the pass held at the gate, 40 more queued behind it
+        with pytest.raises(Overloaded, match="would wait about 0.8 s") as refused:
+            await engine.embed([words(8, f"c{j}") for j in range(4)])  # 40 ahead of it + 40 running: 0.8 s
+        small = asyncio.ensure_future(engine.embed(["one"]))  # 3 of those queued + 40 running: 0.43 s, admitted
         await queued(engine)
         backend.gate.set()
         return refused.value, await small, await asyncio.gather(*big)
@@ -260,6 +260,15 @@ def test_admission_refuses_by_expected_wait_so_small_requests_still_get_in():
     engine.stop()
     assert refused.retry_after_s == 1.0 and small.vectors.shape == (1, 8) and len(big) == 2
     assert engine.metrics.rejected._value.get() == 1
+
+
+def test_an_idle_engine_admits_a_request_however_long_it_takes():
+    engine, _ = make_engine(max_queue_wait_s=0.1)
+    engine.admission.observe_pass(100, 1.0)  # 30 texts × 12 tokens = 3.6 s of work at 100 tokens/s
+
+    result = asyncio.run(engine.embed([words(10, f"t{i}") for i in range(30)]))
+    engine.stop()
+    assert result.vectors.shape == (30, 8)
 
 
 def test_stop_finishes_what_is_queued_then_refuses():

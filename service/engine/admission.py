@@ -2,11 +2,13 @@
 other requests hold a count of permits.
 
 The queue serves the least-served request first, one row each in turn, so it behaves like
-processor sharing: a request of T tokens finishes after its own T plus, from each request ahead
-of it, at most T of theirs (a one-text request overtakes a 256-text one after one pass). Its
-expected time in the engine is therefore
+processor sharing: a request of T tokens is held up, beyond its own work, by the pass running now
+and, from each request ahead of it, at most T of theirs (a one-text request overtakes a 256-text one
+after one pass). Its expected queueing time is therefore
 
-    wait(T) = (T + sum_j min(remaining_j, T) + tokens of the pass running now) / rate
+    wait(T) = (sum_j min(remaining_j, T) + tokens of the pass running now) / rate
+
+(its own T is not waiting: an idle engine admits a request however large, and serves it at once)
 
 with `rate` the input tokens per second the backend has been measured to get through. Above
 `max_wait_s` the request is refused (429) with Retry-After from that estimate: under overload
@@ -42,12 +44,12 @@ class Admission:
             self._rate = measured if self._rate is None else self._rate + RATE_SMOOTHING * (measured - self._rate)
 
     def expected_wait(self, tokens: int, queued: list[int], running: int = 0) -> float:
-        """Seconds a request of `tokens` would spend in the engine behind `queued` requests' remaining
-        tokens and the pass now running (0 before any pass was measured)."""
+        """Seconds a request of `tokens` would wait for the other requests: `queued` ones' remaining tokens, as
+        the fair queue interleaves them with it, and the pass now running (0 before any pass was measured)."""
         if self._rate is None:
             return 0.0
         ahead = sum(min(r, tokens) for r in queued)
-        return (tokens + ahead + running) / self._rate
+        return (ahead + running) / self._rate
 
     def retry_after(self, wait_s: float) -> float:
         """When a refused request could expect to get in: once the excess over the bound has drained."""

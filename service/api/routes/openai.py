@@ -13,6 +13,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from service.api import schemas
+from service.api.errors import ApiError
 from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, registry, timing_headers
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -25,6 +26,8 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     if isinstance(texts, str) or isinstance(texts[0], int):  # one text, or one input as token ids
         texts = [texts]
     check_batch(request, len(texts), "input")
+    if any(isinstance(t, str) and not t for t in texts):  # OpenAI answers an empty string with 400
+        raise ApiError(400, "'$.input' is invalid: an input is an empty string", "Validation", param="input")
     served = registry(request).get(req.model)
     result = await served.embed(texts, normalize=True)
     vectors = matryoshka(result.vectors, req.dimensions, normalize=True)

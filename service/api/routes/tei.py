@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from service.api import schemas
+from service.api.errors import ApiError
 from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, model, read_json, timing_headers
 
 router = APIRouter(tags=["embeddings"])
@@ -21,6 +22,9 @@ router = APIRouter(tags=["embeddings"])
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
                       truncate: bool | None = None, direction: str = "Right"):
     check_batch(request, len(texts), field)
+    empty = next((i for i, text in enumerate(texts) if not text), None)
+    if empty is not None:  # as TEI answers: 422, the input named
+        raise ApiError(422, f"{field}[{empty}] is empty: every input needs text", "Validation", param=field)
     return await model(request).embed(texts, normalize=normalize, truncate=truncate,
                                        truncation_direction=direction.lower())
 
