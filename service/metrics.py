@@ -82,7 +82,7 @@ class EngineMetrics:
         self.queue_seconds = Histogram("sembed_queue_duration_seconds", "wait before a request's first pass",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("sembed_batch_size", "rows per forward pass",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
         self.batch_tokens = Histogram("sembed_batch_tokens", "tokens per forward pass, padding included",
                                       buckets=TOKEN_BUCKETS, registry=r)
         self.inference_seconds = Histogram("sembed_inference_duration_seconds", "forward pass latency",
