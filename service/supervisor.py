@@ -319,4 +319,19 @@ def main() -> None:
             if not (export_dir / "manifest.json").is_file():
                 raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
                                  "create one with `make export` or set SEMBED_MODEL_DIR")
+    for warning in startup_warnings(settings):
+        log.warning(warning)
     raise SystemExit(Supervisor(settings).run())
+
+
+def startup_warnings(settings: Settings) -> list[str]:
+    """What an operator should not learn from an incident: an open door, or an index that a restart empties."""
+    warnings = []
+    if settings.host not in ("127.0.0.1", "::1", "localhost") and not (settings.api_keys or settings.api_keys_file):
+        warnings.append(f"listening on {settings.host}:{settings.port} with no API key: anyone who reaches this "
+                        "port can embed, search and write the index (set SEMBED_API_KEYS or SEMBED_API_KEYS_FILE, "
+                        "or SEMBED_HOST=127.0.0.1)")
+    if settings.index_backend == "local" and settings.index_path is None:
+        warnings.append("the index lives in memory only (SEMBED_INDEX_PATH is unset): every collection and "
+                        "document is gone when the service stops; set SEMBED_INDEX_PATH to keep them")
+    return warnings

@@ -164,3 +164,13 @@ def test_a_reload_moves_every_api_process_to_a_new_engine_process(service):
         time.sleep(0.1)
     engines = [t for t in _titles(service.pid).values() if t.startswith("sembed: engine")]
     assert old not in _titles(service.pid) and engines == ["sembed: engine fake-model cpu"]
+
+
+def test_an_open_port_without_keys_and_a_memory_only_index_are_said_at_start():
+    from service.settings import Settings
+    from service.supervisor import startup_warnings
+
+    loud = startup_warnings(Settings(backend="fake", host="0.0.0.0"))
+    assert any("no API key" in w for w in loud) and any("memory only" in w for w in loud)
+    assert startup_warnings(Settings(backend="fake", host="127.0.0.1", index_path="/tmp/idx")) == []
+    assert not any("no API key" in w for w in startup_warnings(Settings(backend="fake", api_keys="k")))
