@@ -78,3 +78,17 @@ def test_each_request_is_one_json_access_line(secured, caplog):
             time.sleep(0.02)
     line = next(item for item in lines if item["request_id"] == "trace-7")
     assert line["status"] == 200 and line["route"] == "/embed" and line["method"] == "POST" and line["ms"] > 0
+
+
+def test_the_error_shape_follows_the_routes_protocol_not_its_url():
+    """An error is shaped by the route's API family (its router's tag): OpenAI's for the OpenAI routes,
+    wherever they are raised (the guard's 401, validation, the engine), TEI's elsewhere."""
+    from service.api.errors import ApiError, error_body, protocol_of
+
+    error = ApiError(422, "bad", "Validation", param="input")
+    openai_like = type("Route", (), {"tags": ["openai"]})()
+    tei_like = type("Route", (), {"tags": ["embeddings"]})()
+    assert error_body(protocol_of(openai_like), error, None) == {"error": {
+        "message": "bad", "type": "invalid_request_error", "param": "input", "code": "invalid_request"}}
+    assert error_body(protocol_of(tei_like), error, None) == {"error": "bad", "error_type": "Validation"}
+    assert protocol_of(None) == "native"  # no route matched: ours

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.auth import ApiKeys
-from service.api.errors import ERROR_RESPONSES, ApiError, error_body, to_api_error
+from service.api.errors import ERROR_RESPONSES, ApiError, error_body, protocol_of, to_api_error
 from service.api.middleware import RequestGuard
 from service.api.registry import ModelRegistry
 from service.api.routes import admin, index, openai, ops, tei
@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         metrics.request_errors.labels(route.path if route else "unmatched", error.error_type).inc()
         if error.status >= 500 and error.status != 503:
             log.error("request %s failed", request.state.request_id, exc_info=exc)
-        body = error_body(request.url.path, error, getattr(request.state, "request_id", None))
+        body = error_body(protocol_of(route), error, getattr(request.state, "request_id", None))
         return Response(orjson.dumps(body), status_code=error.status, headers=error.headers,
                         media_type="application/json")
 

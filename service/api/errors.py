@@ -1,8 +1,8 @@
 """Errors as HTTP answers: one status per kind of failure, one body shape per API family.
 
 Native (TEI-compatible) routes answer `{"error": msg, "error_type": kind}` as TEI does; the OpenAI
-routes under /v1/ answer `{"error": {"message", "type", "param", "code"}}` as OpenAI's clients
-expect. Server-side failures carry the request id, so a user's report can be found in the logs.
+routes (their router's tag says so, not their URL) answer `{"error": {"message", "type", "param",
+"code"}}` as OpenAI's clients expect. Server-side failures carry the request id, so a user's report can be found in the logs.
 """
 
 from __future__ import annotations
@@ -97,10 +97,19 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
     return ApiError(500, f"internal error ({type(exc).__name__})", "Internal")
 
 
-def error_body(path: str, error: ApiError, request_id: str | None) -> dict[str, Any]:
-    """The body for `error` in the shape of the API family that `path` belongs to."""
+#: the router tag of the OpenAI-compatible routes: their errors take OpenAI's body
+OPENAI_TAG = "openai"
+
+
+def protocol_of(route) -> str:
+    """The API family a route belongs to, by its router's tag: "openai", or "native" (TEI's shape, and ours)."""
+    return OPENAI_TAG if route is not None and OPENAI_TAG in getattr(route, "tags", ()) else "native"
+
+
+def error_body(protocol: str, error: ApiError, request_id: str | None) -> dict[str, Any]:
+    """The body for `error` in the shape of the route's API family (`protocol_of`)."""
     server_side = error.status >= 500 or error.status == 424
-    if path.startswith("/v1/"):
+    if protocol == OPENAI_TAG:
         body = {"message": error.message, "type": _OPENAI_TYPES.get(error.error_type, "invalid_request_error"),
                 "param": error.param, "code": _OPENAI_CODES.get(error.error_type, error.error_type.lower())}
         if server_side:

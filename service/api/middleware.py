@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from starlette.routing import Match
 
 from service.api.auth import ApiKeys
-from service.api.errors import ApiError, error_body
+from service.api.errors import ApiError, error_body, protocol_of
 from service.metrics import ApiMetrics
 
 access = logging.getLogger("sembed.access")
@@ -200,22 +200,27 @@ class RequestGuard:
             watcher.cancel()
 
     async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
-        self.metrics.request_errors.labels(self._route_path(scope), error.error_type).inc()
-        content = orjson.dumps(error_body(scope["path"], error, request_id))
+        route = self._route(scope)
+        self.metrics.request_errors.labels(route.path if route else "unmatched", error.error_type).inc()
+        content = orjson.dumps(error_body(protocol_of(route), error, request_id))
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
         headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
     def _route_path(self, scope) -> str:
+        route = self._route(scope)
+        return route.path if route is not None else "unmatched"
+
+    def _route(self, scope):
         route = scope.get("route")
         if route is not None:
-            return route.path
-        for candidate in _flatten(self.router.routes):  # rejected before routing: name the route it was for
+            return route
+        for candidate in _flatten(self.router.routes):  # rejected before routing: the route it was for
             match, _ = candidate.matches(scope)
             if match != Match.NONE:
-                return candidate.path
-        return "unmatched"
+                return candidate
+        return None
 
 
 def _flatten(routes):

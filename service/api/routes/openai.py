@@ -13,10 +13,10 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from service.api import schemas
-from service.api.errors import ApiError
+from service.api.errors import OPENAI_TAG, ApiError
 from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, registry, timing_headers
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=[OPENAI_TAG])
 
 
 @router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)
