@@ -40,7 +40,7 @@ class Harness:
 
 def make_engine(**config) -> tuple[Harness, FakeBackend]:
     backend = FakeBackend(max_seq_length=config.pop("max_seq_length", 64), pad_to_multiple_of=8)
-    return Harness(Engine(backend, EngineConfig(**config))), backend
+    return Harness(Engine(backend, EngineConfig.from_settings(**config))), backend
 
 
 def alone(backend: FakeBackend, text: str) -> np.ndarray:

@@ -22,7 +22,7 @@ def fake():
     backend = FakeBackend(name="fake-a", max_seq_length=32)
     other = FakeBackend(name="fake-b", dimension=4)
     registry = ModelRegistry()
-    registry.add_in_process("fake-a", Engine(backend, EngineConfig(max_queued_inputs=8)))
+    registry.add_in_process("fake-a", Engine(backend, EngineConfig.from_settings(max_queued_inputs=8)))
     registry.add_in_process("fake-b", Engine(other))
     settings = Settings(backend="fake", max_request_bytes=4096, body_timeout_s=0.5, header_timeout_s=0.5,
                         max_client_batch_size=16)

@@ -573,7 +573,7 @@ def server(tmp_path):
     from tests.conftest import LiveServer
 
     registry = ModelRegistry()
-    registry.add_in_process("fake", Engine(FakeBackend(name="fake"), EngineConfig()))
+    registry.add_in_process("fake", Engine(FakeBackend(name="fake"), EngineConfig.from_settings()))
     settings = Settings(backend="fake", index_path=tmp_path / "index", access_log=False)
     with LiveServer(settings, registry) as live:
         yield live

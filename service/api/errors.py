@@ -2,7 +2,8 @@
 
 Native (TEI-compatible) routes answer `{"error": msg, "error_type": kind}` as TEI does; the OpenAI
 routes (their router's tag says so, not their URL) answer `{"error": {"message", "type", "param",
-"code"}}` as OpenAI's clients expect. Server-side failures carry the request id, so a user's report can be found in the logs.
+"code"}}` as OpenAI's clients expect. Server-side failures carry the request id, so a user's report
+can be found in the logs.
 """
 
 from __future__ import annotations

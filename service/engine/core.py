@@ -37,25 +37,37 @@ from service.ipc.messages import (
     TokenBatch,
 )
 from service.metrics import EngineMetrics
+from service.settings import Settings
 
 log = logging.getLogger("sembed.engine")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_batch_tokens: int = 4096  # per pass, counted with padding (Settings says why this default)
-    max_batch_requests: int = 64  # rows per forward pass
-    max_queue_wait_s: float = 5.0  # admission: a request expected to wait longer is refused (429)
-    max_queued_inputs: int = 8192  # a memory bound on rows held, whatever their expected wait
-    request_timeout_s: float = 60.0  # a row still queued after this is dropped, its request failed
+    """What the engine takes from the settings (service/settings.py holds every default, and why)."""
+
+    max_batch_tokens: int  # per pass, counted with padding
+    max_batch_requests: int  # rows per forward pass
+    max_queue_wait_s: float  # admission: a request expected to wait longer is refused (429)
+    max_queued_inputs: int  # a memory bound on rows held, whatever their expected wait
+    request_timeout_s: float  # a row still queued after this is dropped, its request failed
     # Assemble the next pass while the current one runs: worth it where passes take milliseconds (a GPU);
     # on a CPU a pass takes far longer than assembling one, and a request arriving meanwhile should
     # still make the very next pass.
-    prefetch: bool = False
+    prefetch: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **overrides) -> EngineConfig:
+        """From `settings`, or from the settings' defaults with `overrides` (tests: any Settings field)."""
+        s = settings or Settings(**overrides)
+        return cls(max_batch_tokens=s.batch_token_budget(), max_batch_requests=s.batch_row_cap(),
+                   max_queue_wait_s=s.max_queue_wait_s, max_queued_inputs=s.max_queued_inputs,
+                   request_timeout_s=s.request_timeout_s, prefetch=s.device == "cuda")
 
 
 class Engine:
-    def __init__(self, backend: Backend, config: EngineConfig = EngineConfig(), metrics: EngineMetrics | None = None):
+    def __init__(self, backend: Backend, config: EngineConfig | None = None, metrics: EngineMetrics | None = None):
+        config = config or EngineConfig.from_settings()
         self.backend = backend
         self.config = config
         self.metrics = metrics or EngineMetrics()

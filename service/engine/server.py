@@ -178,12 +178,6 @@ class EngineServer:
         self._socket.send_multipart([peer, pack(header), *frames], copy=False)
 
 
-def engine_config(settings: Settings) -> EngineConfig:
-    return EngineConfig(max_batch_tokens=settings.batch_token_budget(), max_batch_requests=settings.batch_row_cap(),
-                        max_queue_wait_s=settings.max_queue_wait_s, max_queued_inputs=settings.max_queued_inputs,
-                        request_timeout_s=settings.request_timeout_s, prefetch=settings.device == "cuda")
-
-
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:
     """The variant asked for; unset, fp16 on a GPU when the export has one (only a variant that passed its
     quality gate is in the manifest), else fp32."""
@@ -203,7 +197,7 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
     backend.warmup()
     if hasattr(backend, "self_check"):
         backend.self_check()  # never ready on an export that does not give its recorded vectors
-    engine = Engine(backend, engine_config(settings), metrics)
+    engine = Engine(backend, EngineConfig.from_settings(settings), metrics)
     measure_rate(engine)
     log.info("loaded %s (dim %d) from %s on %s", engine.info.model, engine.info.dimension, export_dir,
              engine.info.device)
