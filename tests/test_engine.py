@@ -284,3 +284,16 @@ def test_stop_finishes_what_is_queued_then_refuses():
         return results
 
     assert len(asyncio.run(run())) == 5
+
+
+def test_messages_bundled_into_one_come_apart_as_they_went_in():
+    from service.ipc.messages import bundle, pack, unbundle, unpack
+
+    messages = [[pack({"id": 1, "op": "embed"}), b"ids", b"offsets", b""], [pack({"id": 2, "op": "cancel"})],
+                [pack({"id": 3, "op": "embed"}), b"a", b"b", b"c"]]
+    frames = bundle(messages)
+    parts = unbundle(unpack(frames[0]), frames[1:])
+    assert [(h["id"], h["op"], list(f)) for h, f in parts] == [
+        (1, "embed", [b"ids", b"offsets", b""]), (2, "cancel", []), (3, "embed", [b"a", b"b", b"c"])]
+    single = bundle(messages[:1])  # one message travels as itself
+    assert single == messages[0] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1

@@ -26,8 +26,10 @@ from service.ipc.messages import (
     ModelInfo,
     TokenBatch,
     batch_frames,
+    bundle,
     pack,
     raise_error,
+    unbundle,
     unpack,
 )
 
@@ -91,6 +93,7 @@ class ZmqEngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
         self._drain_scheduled = False
+        self._outbox: list[tuple[list, asyncio.Future]] = []  # messages of this loop turn, sent together
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._sent_to: dict[int, int | None] = {}  # request id → the engine pid it was sent to
@@ -160,10 +163,9 @@ class ZmqEngineClient:
         self._pending[request_id] = future
         self._sent_to[request_id] = self.engine_pid
         try:
-            try:
-                self._send([pack({**header, "id": request_id}), *(frames or [])])
-            except zmq.Again:
-                raise EngineUnavailable(f"the engine at {self.endpoint} is not running (restarting?)") from None
+            if not self._outbox:
+                self._loop.call_soon(self._flush)
+            self._outbox.append(([pack({**header, "id": request_id}), *(frames or [])], future))
             if timeout_s is None:
                 reply, frames = await future
             else:
@@ -180,6 +182,19 @@ class ZmqEngineClient:
         if "error" in reply:
             raise_error(reply)
         return reply, frames
+
+    def _flush(self) -> None:
+        """This loop turn's requests, in one ZeroMQ message."""
+        outbox, self._outbox = self._outbox, []
+        if not outbox or self._socket is None or self._socket.closed:
+            return
+        try:
+            self._send(bundle([message for message, _ in outbox]))
+        except zmq.Again:
+            for _, future in outbox:
+                if not future.done():
+                    future.set_exception(EngineUnavailable(f"the engine at {self.endpoint} is not running "
+                                                           "(restarting?)"))
 
     def _send(self, frames: list) -> None:
         self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
@@ -200,13 +215,13 @@ class ZmqEngineClient:
                 header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            header = unpack(header_frame.buffer)
-            if header.get("op") == "pong":
-                self._pong(header)
-                continue
-            future = self._pending.get(header.get("id"))
-            if future is not None and not future.done():
-                future.set_result((header, [f.buffer for f in frames]))
+            for header, buffers in unbundle(unpack(header_frame.buffer), [f.buffer for f in frames]):
+                if header.get("op") == "pong":
+                    self._pong(header)
+                    continue
+                future = self._pending.get(header.get("id"))
+                if future is not None and not future.done():
+                    future.set_result((header, buffers))
 
     def _pong(self, header: dict[str, Any]) -> None:
         self._last_pong = time.monotonic()

@@ -29,7 +29,7 @@ import zmq
 from service.engine.backends import create_backend
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
-from service.ipc.messages import EngineError, batch_from_frames, error_header, pack, unpack
+from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
 from service.settings import Settings
@@ -55,6 +55,7 @@ class EngineServer:
         os.set_blocking(self._wake_write, False)
         self._awake = False  # a wake-up byte is on its way or the I/O thread is about to look: no more needed
         self._stopping = False
+        self._bundling: dict[bytes, list[list]] | None = None  # while answering a pass: messages by peer
 
     def serve(self) -> None:
         self._socket.bind(self.endpoint)
@@ -112,10 +113,11 @@ class EngineServer:
                 identity, header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                self._handle(identity, unpack(header_frame), frames)
-            except Exception:  # never let one message take the server down
-                log.exception("a message to the engine failed")
+            for header, buffers in unbundle(unpack(header_frame), frames):
+                try:
+                    self._handle(identity, header, buffers)
+                except Exception:  # never let one message take the server down
+                    log.exception("a message to the engine failed")
 
     def _handle(self, peer: bytes, header: dict, frames: list[bytes]) -> None:
         op = header["op"]
@@ -145,6 +147,15 @@ class EngineServer:
             threading.Thread(target=self._health, args=(peer, request_id), daemon=True).start()
 
     def _answer_done(self) -> None:
+        self._bundling = {}
+        try:
+            self._answer_each()
+        finally:
+            bundles, self._bundling = self._bundling, None
+            for peer, messages in bundles.items():  # one ZeroMQ message per API process per pass
+                self._socket.send_multipart([peer, *bundle(messages)], copy=False)
+
+    def _answer_each(self) -> None:
         done = self._done
         while done:
             item = done.popleft()
@@ -175,6 +186,9 @@ class EngineServer:
         self._finished((peer, answer))
 
     def _reply(self, peer: bytes, header: dict, *frames) -> None:
+        if self._bundling is not None:  # answering a pass: sent together at its end
+            self._bundling.setdefault(peer, []).append([pack(header), *frames])
+            return
         self._socket.send_multipart([peer, pack(header), *frames], copy=False)
 
 

@@ -150,6 +150,25 @@ def unpack(frame) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)
 
 
+def bundle(messages: list[list]) -> list:
+    """Several messages (each a header frame and its buffers) as one ZeroMQ message: under load a
+    process sends and receives once per turn of its loop, not once per request."""
+    if len(messages) == 1:
+        return messages[0]
+    return [pack({"op": "bundle", "sizes": [len(m) for m in messages]}), *(f for m in messages for f in m)]
+
+
+def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any], list]]:
+    """The (header, buffers) of each message in a bundle, or of the one message that is not a bundle."""
+    if header.get("op") != "bundle":
+        return [(header, frames)]
+    out, at = [], 0
+    for size in header["sizes"]:
+        out.append((unpack(frames[at]), frames[at + 1:at + size]))
+        at += size
+    return out
+
+
 def batch_frames(batch: TokenBatch) -> list:
     types = b"" if batch.type_ids is None else memoryview(np.ascontiguousarray(batch.type_ids, np.int8))
     return [memoryview(np.ascontiguousarray(batch.ids, np.int32)),
