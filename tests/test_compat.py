@@ -123,3 +123,10 @@ def test_empty_inputs_are_answered_as_each_protocol_answers_them(live_service):
     openai = httpx.post(f"{live_service.url}/v1/embeddings", json={"input": "", "model": "all-MiniLM-L6-v2"})
     assert openai.status_code == 400 and openai.json()["error"]["type"] == "invalid_request_error"
     assert openai.json()["error"]["param"] == "input"
+
+
+def test_one_version_everywhere(live_service):
+    from importlib.metadata import version
+
+    assert httpx.get(f"{live_service.url}/info").json()["version"] == version("sembed")
+    assert httpx.get(f"{live_service.url}/openapi.json").json()["info"]["version"] == version("sembed")

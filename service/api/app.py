@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import __version__
 from service.api.auth import ApiKeys
 from service.api.errors import ERROR_RESPONSES, ApiError, error_body, protocol_of, to_api_error
 from service.api.middleware import RequestGuard
@@ -71,8 +72,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     # FastAPI's native OpenTelemetry asks the global providers on every request (a visible share of the
     # event loop in a py-spy profile at concurrency 64): off unless asked for; our metrics are Prometheus.
     otel = settings.opentelemetry
-    app = FastAPI(title="sembed", version="0.3.0", lifespan=lifespan, responses=ERROR_RESPONSES, redirect_slashes=False,
-                  description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
+    app = FastAPI(title="sembed", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES,
+                  redirect_slashes=False, description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
     app.state.metrics = metrics
