@@ -73,7 +73,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     # event loop in a py-spy profile at concurrency 64): off unless asked for; our metrics are Prometheus.
     otel = settings.opentelemetry
     app = FastAPI(title="sembed", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES,
-                  redirect_slashes=False, description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
+                  redirect_slashes=False,
+                  description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
     app.state.metrics = metrics
