@@ -1,6 +1,7 @@
 """The service over real HTTP on the real default export: endpoints, errors, batching, metrics."""
 
 import asyncio
+import re
 
 import httpx
 import numpy as np
@@ -231,3 +232,15 @@ def _histogram_count(response) -> int:
         if line.startswith("sembed_batch_size_count"):
             return int(float(line.split()[-1]))
     raise AssertionError("no batch size histogram")
+
+
+def test_docs_work_offline(client):
+    """Swagger UI's page and assets come from this server (a package ships them), not from a CDN."""
+    page = client.get("/docs")
+    assert page.status_code == 200 and "cdn" not in page.text.lower()
+    assets = re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', page.text)
+    assert len(assets) == 2
+    for asset in assets:
+        served = client.get(asset)
+        assert served.status_code == 200 and len(served.content) > 10_000, asset
+    assert client.get("/openapi.json").json()["info"]["title"] == "sembed"

@@ -18,9 +18,12 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from swagger_ui_bundle import swagger_ui_path
 
 from service import __version__
 from service.api.auth import ApiKeys
@@ -72,8 +75,9 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     # FastAPI's native OpenTelemetry asks the global providers on every request (a visible share of the
     # event loop in a py-spy profile at concurrency 64): off unless asked for; our metrics are Prometheus.
     otel = settings.opentelemetry
+    # /docs from assets shipped in a package (swagger-ui-bundle), not FastAPI's CDN: it works offline
     app = FastAPI(title="sembed", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES,
-                  redirect_slashes=False,
+                  redirect_slashes=False, docs_url=None, redoc_url=None,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
@@ -95,6 +99,13 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     for router in (tei.router, index.router, openai.router, ops.router, admin.router):
         app.include_router(router)
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title="sembed: API",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css", swagger_favicon_url="")
     keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
                         admin_keys_file=settings.admin_api_keys_file, metrics_public=settings.metrics_public)
     app.add_middleware(RequestGuard, metrics=metrics, router=app.router, max_body_bytes=settings.max_request_bytes,
@@ -106,6 +117,8 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
                            expose_headers=["x-request-id", "x-compute-time", "x-total-time"], max_age=600)
     return app
 
+
+DOCS_ASSETS = "/docs-assets"
 
 #: POST routes the guard runs past FastAPI's stack when their body is valid (RequestGuard says how): the
 #: per-text routes, where that stack was a quarter of an API process's CPU per one-text request
