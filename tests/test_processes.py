@@ -174,3 +174,10 @@ def test_an_open_port_without_keys_and_a_memory_only_index_are_said_at_start():
     assert any("no API key" in w for w in loud) and any("memory only" in w for w in loud)
     assert startup_warnings(Settings(backend="fake", host="127.0.0.1", index_path="/tmp/idx")) == []
     assert not any("no API key" in w for w in startup_warnings(Settings(backend="fake", api_keys="k")))
+
+
+def test_ctrl_c_stops_cleanly_without_a_traceback(service):
+    service.send_signal(signal.SIGINT)
+    assert service.wait(30) == 0
+    log = Path(service.log).read_text()
+    assert "Traceback" not in log and "stopped" in log, log[-3000:]
