@@ -39,6 +39,13 @@ def _titles(root: int) -> dict[int, str]:
     return found
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -70,10 +77,15 @@ def service(tmp_path, request):
         proc.log = tmp_path / "service.log"
         yield proc
     finally:
+        children = set(_titles(proc.pid)) - {proc.pid}
         if proc.poll() is None:
-            proc.kill()
+            proc.kill()  # the worst case: its processes must not outlive it (they die with their parent)
             proc.wait()
+        deadline = time.monotonic() + 10
+        while (left := {pid for pid in children if _alive(pid)}) and time.monotonic() < deadline:
+            time.sleep(0.05)
         log.close()
+        assert not left, f"processes outlived the supervisor: {left}"
 
 
 def test_each_process_names_its_role_and_the_routes_work_across_them(service):
