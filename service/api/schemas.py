@@ -232,15 +232,6 @@ class CollectionsOut(BaseModel):
     collections: list[CollectionOut]
 
 
-class ReembedRequest(_Request):
-    model: str | None = Field(None, description="the served model to re-embed with (unset: the default)")
-
-
-class ErrorResponse(BaseModel):
-    error: str
-    detail: Any = None
-
-
 # --- OpenAI embeddings API (/v1/) --------------------------------------------------------------------
 class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())  # clients send `user` and more
