@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.ipc.messages import ModelInfo
+from service.ipc.messages import ModelInfo, TokenBatch
 
 
 @dataclass(slots=True)
@@ -25,6 +25,11 @@ class Tokenized:
     @property
     def length(self) -> int:
         return len(self.ids)
+
+
+def tokenized_rows(batch: TokenBatch) -> list[Tokenized]:
+    """A TokenBatch's inputs as the backend takes them (views into its buffers)."""
+    return [Tokenized(batch.row(i), batch.type_row(i)) for i in range(len(batch))]
 
 
 class Backend(Protocol):

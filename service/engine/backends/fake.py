@@ -17,7 +17,7 @@ import zlib
 
 import numpy as np
 
-from service.engine.backends.base import BackendError, Tokenized
+from service.engine.backends.base import BackendError, Tokenized, tokenized_rows
 from service.ipc.messages import ModelInfo
 from service.manifest import CROSS_ENCODER, EMBEDDING
 from service.tokenization import WordTokenizer
@@ -46,8 +46,7 @@ class FakeBackend:
 
     def items(self, texts: list[str]) -> list[Tokenized]:
         """Texts as the engine receives them (tests)."""
-        batch, _ = self.tokenizer.encode(texts)
-        return [Tokenized(batch.row(i)) for i in range(len(batch))]
+        return tokenized_rows(self.tokenizer.encode(texts)[0])
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         self.gate.wait()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.backends.base import BackendError, Tokenized, pad_batch, padded_length
-from service.ipc.messages import ModelInfo, TokenBatch
+from service.engine.backends.base import BackendError, Tokenized, pad_batch, padded_length, tokenized_rows
+from service.ipc.messages import ModelInfo
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from service.tokenization import Tokenizer
 
@@ -252,7 +252,7 @@ class OnnxBackend:
 
     # --- in-process use (evaluation, tests): any number of texts --------------------------------
     def _items(self, texts: list[str]) -> list[Tokenized]:
-        return _rows(self.tokenizer.encode(texts)[0])
+        return tokenized_rows(self.tokenizer.encode(texts)[0])
 
     def encode(self, texts: list[str], normalize: bool = True, batch_size: int = 64) -> np.ndarray:
         """Embed texts in length-sorted batches, rows in input order."""
@@ -270,7 +270,7 @@ class OnnxBackend:
     def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
         """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches."""
         out = np.zeros(len(pairs), dtype=np.float32)
-        items = _rows(self.tokenizer.encode_pairs(list(pairs))[0])
+        items = tokenized_rows(self.tokenizer.encode_pairs(list(pairs))[0])
         order = np.argsort([-i.length for i in items], kind="stable")
         for start in range(0, len(pairs), batch_size):
             idx = order[start : start + batch_size]
@@ -278,10 +278,6 @@ class OnnxBackend:
             scores, _ = self.run(chunk, padded_length(max(i.length for i in chunk), self.pad_to_multiple_of))
             out[idx] = scores[:, 0]
         return out
-
-
-def _rows(batch: TokenBatch) -> list[Tokenized]:
-    return [Tokenized(batch.row(i), batch.type_row(i)) for i in range(len(batch))]
 
 
 def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
