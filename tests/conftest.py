@@ -68,20 +68,26 @@ def default_export(tmp_path_factory) -> Path:
     return out
 
 
+def free_port() -> int:
+    """A localhost port nobody listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class LiveServer:
     """The real app under uvicorn on a free localhost port, in a background thread."""
 
     def __init__(self, settings, registry=None):
-        import socket
         import threading
 
         from service.api.app import create_app
         from service.api.server import build_server
         from tests.inprocess import InProcessLoader, registry_from_settings
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         registry = registry or registry_from_settings(settings)
         self.app = create_app(settings, registry, loader=InProcessLoader(settings, registry))

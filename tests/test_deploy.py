@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -86,12 +87,6 @@ def image_env(stage: str) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def image_service(tmp_path_factory):
     """The runtime image's CMD, run here with its ENV (paths under tmp dirs) and the fake backend: `.url`."""
@@ -115,7 +110,7 @@ def image_service(tmp_path_factory):
     (tmp / "data").mkdir()
     keys = tmp / "api_keys"
     keys.write_text("test-key\n")
-    port = _free_port()
+    port = free_port()
     env.update(SEMBED_BACKEND="fake", SEMBED_PORT=str(port), SEMBED_HOST="127.0.0.1", SEMBED_API_WORKERS="2",
                SEMBED_API_KEYS_FILE=str(keys), SEMBED_ACCESS_LOG="false", SEMBED_DRAIN_DELAY_S="0.2")
     log = open(tmp / "service.log", "w")  # noqa: SIM115 - closed below

@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import pytest
 
 from service.index import CollectionSpec, Document, LocalIndex, ModelStamp, NotDurable
 from service.index.wal import HEADER, MAGIC, CorruptLog, WriteAheadLog, _records
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DIM = 4
@@ -641,12 +641,6 @@ for line in sys.stdin:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_ready(url: str, log: Path, deadline_s: float = 60) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -660,7 +654,7 @@ def _wait_ready(url: str, log: Path, deadline_s: float = 60) -> None:
 
 
 def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     env = {**os.environ, "SEMBED_BACKEND": "fake", "SEMBED_MODEL_DIR": str(tmp_path / "fake"),

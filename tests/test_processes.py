@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,29 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _titles(root: int) -> dict[int, str]:
-    """The process titles under `root` (itself included), as `ps` shows them."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
-    children, titles = {}, {}
-    for pid, ppid, args in ((int(p), int(pp), a) for p, pp, *rest in rows for a in (rest[0] if rest else "",)):
-        children.setdefault(ppid, []).append(pid)
-        titles[pid] = args
-    found, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        found[pid] = titles.get(pid, "")
-        todo += children.get(pid, [])
-    return found
+from benchmarks.machine import process_tree
+from tests.conftest import REPO, free_port
 
 
 def _alive(pid: int) -> bool:
@@ -61,7 +39,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 @pytest.fixture
 def service(tmp_path, request):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **getattr(request, "param", {}), "SEMBED_BACKEND": "fake",
            "SEMBED_MODEL_DIR": str(tmp_path / "fake-model"),
            "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1", "SEMBED_API_WORKERS": "2",
@@ -77,7 +55,7 @@ def service(tmp_path, request):
         proc.log = tmp_path / "service.log"
         yield proc
     finally:
-        children = set(_titles(proc.pid)) - {proc.pid}
+        children = set(process_tree(proc.pid)) - {proc.pid}
         if proc.poll() is None:
             proc.kill()  # the worst case: its processes must not outlive it (they die with their parent)
             proc.wait()
@@ -89,7 +67,7 @@ def service(tmp_path, request):
 
 
 def test_each_process_names_its_role_and_the_routes_work_across_them(service):
-    titles = sorted(_titles(service.pid).values())
+    titles = sorted(process_tree(service.pid).values())
     assert sum(t.startswith("sembed: api ") for t in titles) == 2, titles
     assert any(t == "sembed: engine fake-model cpu" for t in titles), titles
     assert "sembed: index" in titles and "sembed: supervisor" in titles, titles
@@ -110,7 +88,7 @@ def test_each_process_names_its_role_and_the_routes_work_across_them(service):
 @pytest.mark.parametrize("service", [{"SEMBED_INDEX_BACKEND": "milvus"}], indirect=True)
 def test_milvus_lite_lives_in_the_index_process_and_every_api_process_reaches_it(service):
     """Milvus Lite is a file one process may open: it gets the writer process, as the local index does."""
-    titles = _titles(service.pid).values()
+    titles = process_tree(service.pid).values()
     assert "sembed: index" in titles
     with httpx.Client(base_url=service.url, timeout=30) as c:
         for i in range(4):
@@ -120,7 +98,7 @@ def test_milvus_lite_lives_in_the_index_process_and_every_api_process_reaches_it
 
 
 def test_a_killed_engine_fails_fast_then_comes_back_by_itself(service):
-    engine = next(pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine"))
+    engine = next(pid for pid, t in process_tree(service.pid).items() if t.startswith("sembed: engine"))
     with httpx.Client(base_url=service.url, timeout=10) as c:
         assert c.post("/embed", json={"inputs": "before"}).status_code == 200
         os.kill(engine, signal.SIGKILL)
@@ -135,16 +113,16 @@ def test_a_killed_engine_fails_fast_then_comes_back_by_itself(service):
             time.sleep(0.1)
         assert after.status_code == 200, after.text
         assert all(c.post("/embed", json={"inputs": f"then {i}"}).status_code == 200 for i in range(10))
-    now = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine")]
+    now = [pid for pid, t in process_tree(service.pid).items() if t.startswith("sembed: engine")]
     assert now and engine not in now
 
 
 def test_a_killed_api_process_is_replaced(service):
-    api = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: api ")]
+    api = [pid for pid, t in process_tree(service.pid).items() if t.startswith("sembed: api ")]
     os.kill(api[0], signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        now = [pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: api ")]
+        now = [pid for pid, t in process_tree(service.pid).items() if t.startswith("sembed: api ")]
         if len(now) == 2 and api[0] not in now:
             break
         time.sleep(0.2)
@@ -167,7 +145,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(service):
 
 
 def test_a_reload_moves_every_api_process_to_a_new_engine_process(service):
-    old = next(pid for pid, t in _titles(service.pid).items() if t.startswith("sembed: engine"))
+    old = next(pid for pid, t in process_tree(service.pid).items() if t.startswith("sembed: engine"))
     with httpx.Client(base_url=service.url, timeout=60) as c:
         before = c.post("/embed", json={"inputs": "same text"}).json()
         r = c.post("/admin/models/fake-model/reload", json={"export": "v2"},
@@ -177,10 +155,10 @@ def test_a_reload_moves_every_api_process_to_a_new_engine_process(service):
             assert c.get("/info").json()["model_id"] == "v2"
         assert c.post("/embed", json={"inputs": "same text"}).json() == before  # the fake's vectors: by tokens
     deadline = time.monotonic() + 30
-    while old in _titles(service.pid) and time.monotonic() < deadline:  # the old engine drains and exits
+    while old in process_tree(service.pid) and time.monotonic() < deadline:  # the old engine drains and exits
         time.sleep(0.1)
-    engines = [t for t in _titles(service.pid).values() if t.startswith("sembed: engine")]
-    assert old not in _titles(service.pid) and engines == ["sembed: engine fake-model cpu"]
+    engines = [t for t in process_tree(service.pid).values() if t.startswith("sembed: engine")]
+    assert old not in process_tree(service.pid) and engines == ["sembed: engine fake-model cpu"]
 
 
 def test_an_open_port_without_keys_and_a_memory_only_index_are_said_at_start():
