@@ -91,10 +91,7 @@ class CoSENT(Objective):
     def __init__(self, encoder: SentenceEncoder, settings: CoSENTSettings | None = None):
         settings = settings or CoSENTSettings()
         super().__init__(encoder, settings)
-        if settings.batch_sampler is not None and settings.batch_sampler not in SAMPLERS:
-            raise ValueError(f"unknown batch sampler {settings.batch_sampler!r}; "
-                             f"choose from {', '.join(SAMPLERS)} or None")
-        self.batch_sampler = settings.batch_sampler
+        self.batch_sampler = _checked_sampler(settings.batch_sampler)
         self.scale = settings.scale
         if settings.pooling is not None:
             encoder.pooling = settings.pooling
@@ -148,10 +145,7 @@ class CoSENTCrossEncoder(Objective):
     def __init__(self, encoder: SentenceEncoder, settings: CoSENTCrossEncoderSettings | None = None):
         settings = settings or CoSENTCrossEncoderSettings()
         super().__init__(encoder, settings)
-        if settings.batch_sampler is not None and settings.batch_sampler not in SAMPLERS:
-            raise ValueError(f"unknown batch sampler {settings.batch_sampler!r}; "
-                             f"choose from {', '.join(SAMPLERS)} or None")
-        self.batch_sampler = settings.batch_sampler
+        self.batch_sampler = _checked_sampler(settings.batch_sampler)
         self.scale = settings.scale
         self.scorer = CrossEncoder.from_encoder(encoder, settings.dropout)
 
@@ -167,3 +161,10 @@ class CoSENTCrossEncoder(Objective):
 
     def inference_encoder(self) -> CrossEncoder:  # type: ignore[override]  # a pair scorer, no embeddings
         return self.scorer
+
+
+def _checked_sampler(name: str | None) -> str | None:
+    """The batch sampler a CoSENT objective was asked for, if it exists (None: the plain shuffled batches)."""
+    if name is not None and name not in SAMPLERS:
+        raise ValueError(f"unknown batch sampler {name!r}; choose from {', '.join(SAMPLERS)} or None")
+    return name
