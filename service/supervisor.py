@@ -252,17 +252,28 @@ class Supervisor:
             old = [c for c in self.children if c.title == child.title and c is not child]
             for c in old:
                 self.children.remove(c)
-        for c in old:  # it drains what it holds, then exits (joined, so it leaves no zombie)
-            c.process.terminate()
-            threading.Thread(target=c.process.join, daemon=True).start()
+        for c in old:
+            self._retire(c)
         return {"switched": token, "unacknowledged": waiting}
 
     def _discard(self, request: dict, events, acks) -> dict:
         staged = self.staged.pop(request["token"], None)
         if staged is not None:
-            staged[1].process.terminate()
-            threading.Thread(target=staged[1].process.join, daemon=True).start()
+            self._retire(staged[1])
         return {}
+
+    @staticmethod
+    def _retire(child: Child) -> None:
+        """An engine no longer served drains what it holds and exits; joined, so it leaves no zombie, and its
+        metric files marked dead, so its last gauge values stop counting in /metrics (as after a restart)."""
+        from prometheus_client import multiprocess
+
+        def wait() -> None:
+            child.process.join()
+            multiprocess.mark_process_dead(child.process.pid)
+
+        child.process.terminate()
+        threading.Thread(target=wait, daemon=True).start()
 
     def _on_signal(self, signum, frame) -> None:
         if self.stopping:  # a second signal: stop now
