@@ -26,6 +26,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -107,11 +108,18 @@ def api_main(settings: Settings, topology: Topology, listener: socket.socket, nu
 @dataclass
 class Child:
     title: str
-    target: object
+    target: Callable[..., None]
     args: tuple
-    process: multiprocessing.process.BaseProcess | None = None
+    process: multiprocessing.process.BaseProcess | None = None  # None until the supervisor starts it
     restarts: int = 0
     died_at: float | None = field(default=None)
+
+    @property
+    def started(self) -> multiprocessing.process.BaseProcess:
+        """The process; the supervisor starts every child before it watches, restarts or stops it."""
+        if self.process is None:
+            raise RuntimeError(f"{self.title} was never started")
+        return self.process
 
 
 class Supervisor:
@@ -173,7 +181,7 @@ class Supervisor:
                 time.sleep(POLL_S)
                 with self.lock:
                     for child in self.children:
-                        if not child.process.is_alive() and not self.stopping:
+                        if not child.started.is_alive() and not self.stopping:
                             self._restart(child)
             with self.lock:
                 self._shutdown(api, [c for c in self.children if c not in api])
@@ -188,7 +196,7 @@ class Supervisor:
 
         from service.ipc.messages import pack, unpack
 
-        context = zmq.Context.instance()
+        context: zmq.Context[zmq.Socket] = zmq.Context.instance()
         control = context.socket(zmq.REP)
         control.bind(topology.control_endpoint)
         events = context.socket(zmq.PUB)
@@ -214,15 +222,15 @@ class Supervisor:
         model = ModelEndpoint(request["name"], request["export_dir"], f"ipc://{self.run_dir}/engine-{token}.sock")
         child = self._engine(model.name, model.export_dir, model.endpoint)
         self._start(child)
-        probe = zmq.Context.instance().socket(zmq.DEALER)
+        probe: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         probe.setsockopt(zmq.LINGER, 0)
         probe.connect(model.endpoint)
         try:
             while not probe.poll(100):
-                if not child.process.is_alive():
+                if not child.started.is_alive():
                     error = Path(child.args[-1])
                     raise RuntimeError(error.read_text() if error.exists() else f"the engine exited with "
-                                                                                  f"{child.process.exitcode}")
+                                                                                  f"{child.started.exitcode}")
                 probe.send(pack({"op": "hello", "id": 0}), flags=zmq.NOBLOCK) if probe.poll(0, zmq.POLLOUT) else None
         finally:
             probe.close()
@@ -237,7 +245,7 @@ class Supervisor:
         model, child = self.staged.pop(token)
         with self.lock:
             self.children.append(child)
-            alive = sum(c.process.is_alive() for c in self.api)
+            alive = sum(c.started.is_alive() for c in self.api)
         events.send(pack({"token": token, **vars(model)}))
         waiting, deadline = alive, time.monotonic() + self.settings.shutdown_grace_s
         while waiting and time.monotonic() < deadline:
@@ -268,11 +276,13 @@ class Supervisor:
         metric files marked dead, so its last gauge values stop counting in /metrics (as after a restart)."""
         from prometheus_client import multiprocess
 
-        def wait() -> None:
-            child.process.join()
-            multiprocess.mark_process_dead(child.process.pid)
+        process = child.started
 
-        child.process.terminate()
+        def wait() -> None:
+            process.join()
+            multiprocess.mark_process_dead(process.pid)
+
+        process.terminate()
         threading.Thread(target=wait, daemon=True).start()
 
     def _on_signal(self, signum, frame) -> None:
@@ -285,13 +295,14 @@ class Supervisor:
         self.stopping = True
 
     def _start(self, child: Child) -> None:
-        child.process = self.context.Process(target=child.target, args=child.args, name=child.title, daemon=False)
-        child.process.start()
+        process = self.context.Process(target=child.target, args=child.args, name=child.title, daemon=False)
+        child.process = process
+        process.start()
 
     def _restart(self, child: Child) -> None:
         from prometheus_client import multiprocess
 
-        process = child.process
+        process = child.started
         if child.died_at is None:
             child.died_at = time.monotonic()
             log.error("%s (pid %s) exited with %s: restarting it", child.title, process.pid, process.exitcode)
@@ -307,15 +318,15 @@ class Supervisor:
         # API processes first: they stop being ready, drain in-flight requests (which still need the engines)
         for group, grace in ((api, s.drain_delay_s + s.shutdown_grace_s + 5), (backends, s.shutdown_grace_s + 5)):
             for child in group:
-                if child.process.is_alive():
-                    child.process.terminate()
+                if child.started.is_alive():
+                    child.started.terminate()
             deadline = time.monotonic() + grace
             for child in group:
-                child.process.join(max(0.0, deadline - time.monotonic()))
-                if child.process.is_alive():
+                child.started.join(max(0.0, deadline - time.monotonic()))
+                if child.started.is_alive():
                     log.warning("%s did not stop in time: killed", child.title)
-                    child.process.kill()
-                    child.process.join()
+                    child.started.kill()
+                    child.started.join()
         log.info("stopped")
 
 

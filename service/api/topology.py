@@ -29,10 +29,10 @@ class ModelEndpoint:
 @dataclass(frozen=True)
 class Topology:
     models: list[ModelEndpoint]
-    index_endpoint: str | None = None  # the local index's writer process; None: Milvus, reached directly
-    control_endpoint: str | None = None  # the supervisor: reloads are asked here...
-    events_endpoint: str | None = None  # ...announced to every API process here...
-    acks_endpoint: str | None = None  # ...and acknowledged here
+    index_endpoint: str | None  # the local index's writer process; None: Milvus, reached directly
+    control_endpoint: str  # the supervisor: reloads are asked here...
+    events_endpoint: str  # ...announced to every API process here...
+    acks_endpoint: str  # ...and acknowledged here
 
 
 def load_tokenizer(settings: Settings, export_dir: str | Path, max_seq_length: int):
@@ -102,6 +102,8 @@ class SupervisorLoader:
         return previous
 
     async def discard(self, staged: ServedModel) -> None:
+        if staged.token is None:
+            raise ValueError("discard: this model was not staged by this loader")
         self._staged.pop(staged.token, None)
         await staged.client.close()
         await self._request({"op": "discard", "token": staged.token})
