@@ -122,9 +122,10 @@ class WordTokenizer:
         return TokenBatch.from_rows(rows, types), np.array(original, dtype=np.int64)
 
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
-        out = []
+        out: list[list[dict]] = []
         for text in texts:
-            tokens, start = [], 0
+            tokens: list[dict] = []
+            start = 0
             for word in text.split():
                 start = text.index(word, start)
                 tokens.append({"id": self.token_id(word), "text": word, "special": False, "start": start,

@@ -50,7 +50,11 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        reg = registry or await connect_registry(topology, settings, metrics)
+        if registry is not None:
+            reg = registry
+        else:
+            assert topology is not None  # create_app refuses neither
+            reg = await connect_registry(topology, settings, metrics)
         for name in reg.names():
             info = reg.get(name).info
             metrics.model_info.labels(name, str(info.dimension), str(info.max_seq_length), info.device,
@@ -63,7 +67,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
             # a Milvus server (every API process talks to it), or the test's own index in this process
             app.state.index = await run_in_threadpool(open_configured, settings)
         # idempotent: every API process may ask, the first one makes it
-        await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.default, reg.get().info)
+        await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.resolve(), reg.get().info)
         metrics.index_documents.set(index.default_documents(app.state.index))
         log.info("serving %s", ", ".join(reg.names()))
         yield
@@ -77,7 +81,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     otel = settings.opentelemetry
     # /docs from assets shipped in a package (swagger-ui-bundle), not FastAPI's CDN: it works offline
     app = FastAPI(title="sembed", version=__version__, lifespan=lifespan, responses=ERROR_RESPONSES,
-                  redirect_slashes=False, docs_url=None, redoc_url=None,
+                  redirect_slashes=False, openapi_url=OPENAPI_URL, docs_url=None, redoc_url=None,
                   description="Sentence embeddings, similarity and FAISS search over ONNX exports.",
                   telemetry={"tracing": otel, "metrics": otel, "logs": otel, "operation_spans": otel})
     app.state.settings = settings
@@ -103,7 +107,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> Response:
-        return get_swagger_ui_html(openapi_url=app.openapi_url, title="sembed: API",
+        return get_swagger_ui_html(openapi_url=OPENAPI_URL, title="sembed: API",
                                    swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css", swagger_favicon_url="")
     keys = ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
@@ -119,6 +123,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
 
 DOCS_ASSETS = "/docs-assets"
+OPENAPI_URL = "/openapi.json"  # FastAPI's default, named: /docs reads it
 
 #: POST routes the guard runs past FastAPI's stack when their body is valid (RequestGuard says how): the
 #: per-text routes, where that stack was a quarter of an API process's CPU per one-text request

@@ -9,6 +9,7 @@ With no key configured the service is open, as TEI is without `--api-key`.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from pathlib import Path
 
 from service.api.errors import ApiError
@@ -23,7 +24,7 @@ ADMIN_PREFIX = "/admin/"
 class ApiKeys:
     """`keys` open the API; `admin_keys` open it and /admin/ too. No admin key: /admin/ is closed."""
 
-    def __init__(self, keys: list[str], *, admin_keys: list[str] = (), metrics_public: bool = True):
+    def __init__(self, keys: list[str], *, admin_keys: Sequence[str] = (), metrics_public: bool = True):
         self._keys = [k.encode() for k in keys if k]
         self._admin = [k.encode() for k in admin_keys if k]
         self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import zmq
@@ -88,10 +88,11 @@ class ZmqEngineClient:
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
-        self.info: ModelInfo | None = None  # from the engine's hello (connect)
-        self._socket: zmq.Socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._fd: int | None = None
+        # set by connect(), which every caller awaits before using the client
+        self.info: ModelInfo  # from the engine's hello
+        self._socket: zmq.Socket | None = None  # None: never connected
+        self._loop: asyncio.AbstractEventLoop
+        self._fd: int
         self._drain_scheduled = False
         self._outbox: list[tuple[list, asyncio.Future]] = []  # messages of this loop turn, sent together
         self._ids = itertools.count(1)
@@ -105,13 +106,15 @@ class ZmqEngineClient:
     async def connect(self, timeout_s: float = 600.0) -> ZmqEngineClient:
         """Connect and wait for the engine's hello (it may still be loading its model)."""
         # the asyncio context's I/O thread, shared with this process's other sockets; a plain socket on it
-        socket = zmq.asyncio.Context.instance().socket(zmq.DEALER, socket_class=zmq.Socket)
+        # (pyzmq's stubs tie socket_class to the context's own socket class; its docs allow this mix)
+        context = zmq.asyncio.Context.instance()
+        socket: zmq.Socket = context.socket(zmq.DEALER, socket_class=zmq.Socket)  # type: ignore[arg-type]
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for an engine that is not there: fail at once
         socket.connect(self.endpoint)
         self._socket = socket
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = socket.fileno()  # getsockopt(zmq.FD), typed
         self._loop.add_reader(self._fd, self._drain)
         self._tasks = [asyncio.ensure_future(self._heartbeat())]
         deadline = time.monotonic() + timeout_s
@@ -197,10 +200,13 @@ class ZmqEngineClient:
                                                            "(restarting?)"))
 
     def _send(self, frames: list) -> None:
-        self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        socket = self._socket
+        if socket is None:
+            raise RuntimeError("ZmqEngineClient: send before connect()")
+        socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         # ZeroMQ's descriptor is edge-triggered and a send may consume the edge of a reply that came
         # meanwhile: look, and read on the loop's next turn if one is there
-        if not self._drain_scheduled and self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not self._drain_scheduled and cast(int, socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
 
@@ -219,7 +225,7 @@ class ZmqEngineClient:
                 if header.get("op") == "pong":
                     self._pong(header)
                     continue
-                future = self._pending.get(header.get("id"))
+                future = self._pending.get(header.get("id", 0))  # request ids start at 1
                 if future is not None and not future.done():
                     future.set_result((header, buffers))
 

@@ -90,11 +90,11 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
         return ApiError(422, f"invalid request: {where}: {first['msg']}", "Validation", param=where,
                         detail=jsonable_encoder(detail))
     if isinstance(exc, StarletteHTTPException):
-        kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "Validation")
-        detail = str(exc.detail)
-        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, and vague
-            detail = "the body could not be parsed as JSON (not UTF-8, nested too deeply, or a number too large)"
-        return ApiError(exc.status_code, detail, kind, headers=dict(exc.headers or {}))
+        error_type = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "Validation")
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's, and vague
+            message = "the body could not be parsed as JSON (not UTF-8, nested too deeply, or a number too large)"
+        return ApiError(exc.status_code, message, error_type, headers=dict(exc.headers or {}))
     return ApiError(500, f"internal error ({type(exc).__name__})", "Internal")
 
 
@@ -110,13 +110,14 @@ def protocol_of(route) -> str:
 def error_body(protocol: str, error: ApiError, request_id: str | None) -> dict[str, Any]:
     """The body for `error` in the shape of the route's API family (`protocol_of`)."""
     server_side = error.status >= 500 or error.status == 424
+    body: dict[str, Any]
     if protocol == OPENAI_TAG:
         body = {"message": error.message, "type": _OPENAI_TYPES.get(error.error_type, "invalid_request_error"),
                 "param": error.param, "code": _OPENAI_CODES.get(error.error_type, error.error_type.lower())}
         if server_side:
             body["request_id"] = request_id
         return {"error": body}
-    body: dict[str, Any] = {"error": error.message, "error_type": error.error_type}
+    body = {"error": error.message, "error_type": error.error_type}
     if error.detail is not None:
         body["detail"] = error.detail
     if server_side:

@@ -178,6 +178,8 @@ class RequestGuard:
             return {"type": "http.disconnect"}
 
         current = asyncio.current_task()
+        if current is None:
+            raise RuntimeError("the guard runs the route in the request's task: there is none")
         watcher = asyncio.ensure_future(receive())
         running = True
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, ModelInfo, TokenBatch, WrongModelType
@@ -62,7 +62,7 @@ class ServedModel:
             if inputs and not isinstance(inputs[0], str):
                 batch = from_ids(inputs, self.info.max_seq_length, self.info.vocab_size, truncate)
             else:
-                check_texts(inputs)
+                check_texts(cast(list[str], inputs))  # inputs[0] is a str: pydantic's lists hold one kind
                 batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, inputs)), inputs,
                                                        truncation_direction)
                 if not truncate:
@@ -143,6 +143,10 @@ class ModelRegistry:
         old = self.get(name)
         self._models[name] = model
         return old
+
+    def resolve(self, name: str | None = None) -> str:
+        """`name`, or the default model's name when none is given; ModelNotFound if no such model is served."""
+        return self.name_of(self.get(name or None))
 
     def get(self, name: str | None = None) -> ServedModel:
         if name is None:

@@ -126,7 +126,8 @@ class AddDocumentsRequest(_Request):
     @field_validator("documents")
     @classmethod
     def _unique_ids(cls, docs):
-        seen, dupes = set(), set()
+        seen: set[str] = set()
+        dupes: set[str] = set()
         for d in docs:
             (dupes if d.id in seen else seen).add(d.id)
         if dupes:
@@ -190,6 +191,8 @@ class SearchRequest(_Request):
 
     @property
     def queries(self) -> list[str]:
+        if self.query is None:
+            raise ValueError("this search is by vector: it has no text queries")
         return _as_list(self.query)
 
 

@@ -12,6 +12,8 @@ import logging
 import threading
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import State
 
 from service.api.protocol import guarded_protocol
 from service.settings import Settings
@@ -20,16 +22,17 @@ log = logging.getLogger("sembed")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, drain_delay_s: float):
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float, app_state: State):
         super().__init__(config)
         self.drain_delay_s = drain_delay_s
+        self.app_state = app_state  # config.app's, typed
         self.draining = False
 
     def handle_exit(self, sig, frame) -> None:
         if self.draining or self.drain_delay_s <= 0:
             return super().handle_exit(sig, frame)
         self.draining = True
-        self.config.app.state.draining = True  # /readyz answers 503 from now on
+        self.app_state.draining = True  # /readyz answers 503 from now on
         log.info("draining: not ready; stopping in %.1f s", self.drain_delay_s)
         # a timer thread, not the loop: uvicorn only reads the flag it sets, and a signal may arrive anywhere
         timer = threading.Timer(self.drain_delay_s, super().handle_exit, (sig, frame))
@@ -37,8 +40,8 @@ class DrainingServer(uvicorn.Server):
         timer.start()
 
 
-def build_server(app, settings: Settings, **config) -> DrainingServer:
+def build_server(app: Starlette, settings: Settings, **config) -> DrainingServer:
     options = {"host": settings.host, "port": settings.port, "log_level": "info", "access_log": False,
                "http": guarded_protocol(settings.header_timeout_s),
                "timeout_graceful_shutdown": settings.shutdown_grace_s, **config}
-    return DrainingServer(uvicorn.Config(app, **options), settings.drain_delay_s)
+    return DrainingServer(uvicorn.Config(app, **options), settings.drain_delay_s, app.state)

@@ -108,13 +108,13 @@ class Engine:
         for thread in self._threads:
             thread.join()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | None]:
         return {"in_flight": self._held_inputs, "queued_rows": self.queue.queued_rows(),
                 "tokens_per_s": self.admission.rate}
 
     # --- the request path ------------------------------------------------------------------------
     def submit(self, batch: TokenBatch, *, timeout_s: float | None = None,
-               on_done: Callable[[Job], None], context: Any = None) -> Job:
+               on_done: Callable[[Job], object], context: Any = None) -> Job:
         """Admit and queue token ids already checked and truncated by the API process; `on_done(job)` is
         called once, from an engine thread. Every submitted job is `release`d once by its submitter, from
         the submitting thread (the held count is that thread's alone)."""
@@ -139,6 +139,8 @@ class Engine:
         """A finished job's answer, or its error raised."""
         if job.error is not None:
             raise job.error
+        if job.scheduled_at is None:
+            raise RuntimeError("result() of a job that never ran")
         queue_s = job.scheduled_at - job.enqueued_at
         self.metrics.queue_seconds.observe(queue_s)
         return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, queue_s, job.inference_s)

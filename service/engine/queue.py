@@ -38,7 +38,7 @@ class Job:
     batch: TokenBatch
     dimension: int
     deadline: float  # time.monotonic()
-    on_done: Callable[[Job], None]
+    on_done: Callable[[Job], object]
     context: Any = None  # the submitter's own: whom to answer
     normalized: np.ndarray = field(init=False)
     raw: np.ndarray = field(init=False)

@@ -44,7 +44,7 @@ class EngineServer:
     def __init__(self, engine: Engine, endpoint: str):
         self.engine = engine
         self.endpoint = endpoint
-        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._jobs: dict[tuple[bytes, int], Job] = {}  # admitted, not yet answered or cancelled
         self._health_checks = 0
@@ -134,9 +134,9 @@ class EngineServer:
                 return
             self._jobs[(peer, request_id)] = job
         elif op == "cancel":  # the client left and is told nothing: it no longer waits
-            job = self._jobs.pop((peer, request_id), None)
-            if job is not None:
-                self.engine.release(job)
+            cancelled = self._jobs.pop((peer, request_id), None)
+            if cancelled is not None:
+                self.engine.release(cancelled)
         elif op == "ping":
             self._reply(peer, {"op": "pong", "id": request_id, "ready": self.engine.ready, "pid": os.getpid(),
                                **self.engine.stats()})
@@ -175,7 +175,7 @@ class EngineServer:
             vectors = result.vectors
             self._reply(peer, {"id": request_id, "shape": vectors.shape, "prompt_tokens": result.prompt_tokens,
                                "queue_s": result.queue_s, "inference_s": result.inference_s},
-                        memoryview(vectors.astype("<f4", copy=False).reshape(-1)))
+                        vectors.astype("<f4", copy=False).reshape(-1).data)
 
     def _health(self, peer: bytes, request_id: int) -> None:  # its own thread: a real forward pass
         try:

@@ -170,9 +170,9 @@ def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any],
 
 
 def batch_frames(batch: TokenBatch) -> list:
-    types = b"" if batch.type_ids is None else memoryview(np.ascontiguousarray(batch.type_ids, np.int8))
-    return [memoryview(np.ascontiguousarray(batch.ids, np.int32)),
-            memoryview(np.ascontiguousarray(batch.offsets, np.int64)), types]
+    # ndarray.data: the array's buffer as a memoryview (numpy's stubs give memoryview(array) only on 3.12+)
+    types = b"" if batch.type_ids is None else np.ascontiguousarray(batch.type_ids, np.int8).data
+    return [np.ascontiguousarray(batch.ids, np.int32).data, np.ascontiguousarray(batch.offsets, np.int64).data, types]
 
 
 def batch_from_frames(ids, offsets, types) -> TokenBatch:

@@ -96,7 +96,7 @@ async def reload(name: str, req: ReloadRequest, request: Request):
 async def reembed_collection(name: str, req: ReembedRequest, request: Request):
     """Re-embed a collection's stored texts with a served model (after a model change), then switch to them."""
     reg = registry(request)
-    model = req.model or reg.default
+    model = reg.resolve(req.model)
     served = reg.get(model)
     async with _reloading:
         result = await _reembed(request, name, ModelStamp(model, served.info.graph_sha256), served)

@@ -6,6 +6,7 @@ of two models; index calls run in the thread pool (writes wait there for their g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ def _index(request: Request):
 def model_stamp(request: Request, name: str | None = None) -> ModelStamp:
     """The stamp a collection embedded by served model `name` (None: the default) carries."""
     reg = registry(request)
-    name = name or reg.default
+    name = reg.resolve(name)
     info = reg.get(name).info
     if info.is_cross_encoder:
         raise WrongModelType(f"model {name} is a reranker (cross-encoder): it makes no vectors to index; create the "
@@ -82,7 +83,7 @@ def _embedder_for(request: Request, collection: str, info: CollectionInfo):
     return registry(request).get(info.model.name)
 
 
-async def _vectors(request: Request, collection: str, texts: list[str | None], given: list, field: str):
+async def _vectors(request: Request, collection: str, texts: Sequence[str | None], given: list, field: str):
     """One unit vector per row: the client's where given, else the collection's model embeds the text."""
     check_batch(request, len(texts), field)
     missing = [i for i, v in enumerate(given) if v is None]
@@ -108,7 +109,7 @@ async def _vectors(request: Request, collection: str, texts: list[str | None], g
     return out
 
 
-def _fields(record, include: list[str]) -> dict[str, Any]:
+def _fields(record, include: Sequence[str]) -> dict[str, Any]:
     out = {"id": record.id}
     if hasattr(record, "score"):
         out["score"] = record.score

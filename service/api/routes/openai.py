@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
+from typing import cast
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -22,9 +23,9 @@ router = APIRouter(prefix="/v1", tags=[OPENAI_TAG])
 @router.post("/embeddings", response_model=schemas.OpenAIEmbeddingResponse)
 async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     start = time.perf_counter()
-    texts = req.input
-    if isinstance(texts, str) or isinstance(texts[0], int):  # one text, or one input as token ids
-        texts = [texts]
+    one = isinstance(req.input, str) or isinstance(req.input[0], int)  # one text, or one input as token ids
+    # pydantic's lists hold one kind: texts, or token-id inputs
+    texts = cast(list[str] | list[list[int]], [req.input] if one else req.input)
     check_batch(request, len(texts), "input")
     if any(isinstance(t, str) and not t for t in texts):  # OpenAI answers an empty string with 400
         raise ApiError(400, "'$.input' is invalid: an input is an empty string", "Validation", param="input")

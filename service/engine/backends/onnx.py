@@ -283,7 +283,7 @@ class OnnxBackend:
 def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
     """Cores this process may run on, hyper-threads counted once (onnxruntime's own default count)."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores = set()
+    cores: set[tuple[str, str] | int] = set()
     for cpu in cpus:
         topology = sysfs / f"cpu{cpu}" / "topology"
         try:
