@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
 from service.index.filters import parse_filter
 from service.index.metadata import MetadataIndex
-from service.index.vectors import VectorSet
+from service.index.vectors import LiveRows, VectorSet
 
 
 class Collection:
@@ -97,7 +97,9 @@ class Collection:
         records = []
         for i in ids:
             slot = self._slot_of.get(i)
-            doc = self._docs[slot] if slot is not None else None
+            if slot is None:
+                continue
+            doc = self._docs[slot]
             if doc is not None:
                 vector = self.vectors.vector(slot) if with_vector else None
                 if with_vector and vector is None:  # deleted while we read
@@ -132,11 +134,12 @@ class Collection:
 
     # snapshots --------------------------------------------------------------------------------
 
-    def capture(self) -> tuple[CollectionSpec, np.ndarray, np.ndarray, list[Document], int]:
+    def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int]:
         """(spec, vectors, live rows, their documents, sequence), called by the committer between
         writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows never
         change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]
-        return self.spec, vectors, rows, [docs[r] for r in rows.tolist()], self.sequence
+        live_docs = cast(list[Document], [docs[r] for r in rows.tolist()])  # a live slot holds its document
+        return self.spec, vectors, rows, live_docs, self.sequence

@@ -275,14 +275,14 @@ class LocalIndex:
     def _flush(self, group, start: tuple[int, int]) -> None:
         if not group:
             return
-        try:
-            if self._wal:
+        if self._wal:
+            try:
                 self._wal.sync()
-        except NotDurable as e:
-            self._wal.undo_unsynced(*start)
-            for *_, future in group:
-                future.set_exception(e)
-            return
+            except NotDurable as e:
+                self._wal.undo_unsynced(*start)
+                for *_, future in group:
+                    future.set_exception(e)
+                return
         for seq, op, blob, future in group:
             try:
                 count = self._apply(seq, op, blob)
@@ -377,11 +377,18 @@ class LocalIndex:
             self._snapshot_thread.start()
         return seq
 
+    def _persistence(self) -> tuple[Path, WriteAheadLog]:
+        """The folder and the log: snapshots and recovery exist only for an index opened with a path."""
+        if self.path is None or self._wal is None:
+            raise RuntimeError("this index is in memory: it has no folder and no log")
+        return self.path, self._wal
+
     def _write_snapshot(self, seq: int, state) -> None:
-        folder = self.path / "snapshots"
+        path, wal = self._persistence()
+        folder = path / "snapshots"
         if not folder.is_dir():
             folder.mkdir()
-            fsync_dir(self.path)
+            fsync_dir(path)
         final = folder / f"{seq:020d}"
         if final.exists():
             return
@@ -398,12 +405,12 @@ class LocalIndex:
         for old in folder.iterdir():
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
-        self._wal.drop_before(seq)
+        wal.drop_before(seq)
         log.info("snapshot at sequence %d written (%d collections)", seq, len(state))
 
     @staticmethod
     def _write_files(tmp: Path, seq: int, state) -> None:
-        manifest = {"sequence": seq, "collections": []}
+        manifest: dict[str, Any] = {"sequence": seq, "collections": []}
         for i, (spec, vectors, rows, docs, sequence) in enumerate(state):
             with open(tmp / f"{i}.npy", "wb") as f:
                 np.save(f, vectors[rows])
@@ -424,14 +431,15 @@ class LocalIndex:
         fsync_dir(tmp)
 
     def _recover(self) -> None:
-        folder = self.path / "snapshots"
+        path, wal = self._persistence()
+        folder = path / "snapshots"
         snapshots = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.endswith(".tmp")
                            and (p / "manifest.json").is_file()) if folder.is_dir() else []
         after = 0
         if snapshots:
             after = self._load_snapshot(snapshots[-1])
         expected = after + 1
-        for seq, payload in self._wal.replay(after):
+        for seq, payload in wal.replay(after):
             if seq != expected:
                 raise CorruptLog(f"the log jumps from sequence {expected - 1} to {seq}: records are missing")
             op, blob = _decode(payload)

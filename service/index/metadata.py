@@ -32,7 +32,7 @@ read first) and ANDs the live flags read *after* the mask: a merge drops only sl
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,6 +42,11 @@ MERGE_MIN = 4096  # tail entries before a merge is considered
 MERGE_SHARE = 8  # ... and the tail must pass 1/MERGE_SHARE of the sorted part
 EXACT_INT = 2**53  # ints beyond this do not survive float(): their remainder goes to `lo`
 _CODED = ("bool", "str", "NoneType")
+
+#: a coded column's dictionary: (value → code, code → value)
+_Codes = tuple[dict[Any, int], list[Any]]
+#: a column's published state: see _Column
+_State = tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, tuple[np.ndarray, ...], int, int, _Codes | None]
 
 
 def number_key(v: int | float) -> tuple[float, float]:
@@ -65,12 +70,12 @@ class _Column:
 
     def __init__(self, dtypes: tuple[type, ...], coded: bool = False):
         self.dtypes = dtypes
-        self.state = (np.empty(0, np.int64), tuple(np.empty(0, dt) for dt in dtypes), np.empty(64, np.int64),
+        self.state: _State = (np.empty(0, np.int64), tuple(np.empty(0, dt) for dt in dtypes), np.empty(64, np.int64),
                       tuple(np.empty(64, dt) for dt in dtypes), 0, 0, ({}, []) if coded else None)
 
     def code(self, value: Any) -> int:
         """The code of a string, boolean or null (a coded column), made if new."""
-        codes, values = self.state[6]
+        codes, values = _dictionary(self.state[6])
         c = codes.get(value)
         if c is None:
             c = codes[value] = len(values)
@@ -104,7 +109,7 @@ class _Column:
         if codes is not None and len(codes[1]) > MERGE_MIN:
             used = np.unique(keys[0])
             if 2 * len(used) < len(codes[1]):
-                remap = np.zeros(len(codes[1]), self.dtypes[0])
+                remap: np.ndarray = np.zeros(len(codes[1]), self.dtypes[0])
                 remap[used] = np.arange(len(used))
                 keys[0] = remap[keys[0]]
                 values = [codes[1][c] for c in used.tolist()]
@@ -125,7 +130,13 @@ def _grown(a: np.ndarray, n: int, cap: int) -> np.ndarray:
     return out
 
 
-def _bound(keys: tuple[np.ndarray, ...], target: tuple, side: str) -> int:
+def _dictionary(codes: _Codes | None) -> _Codes:
+    if codes is None:
+        raise TypeError("a numbers column has no dictionary of codes")
+    return codes
+
+
+def _bound(keys: tuple[np.ndarray, ...], target: tuple, side: Literal["left", "right"]) -> int:
     """Where `target` goes in lexicographically sorted `keys` (np.searchsorted over key tuples)."""
     lo, hi = 0, len(keys[0])
     for key, t in zip(keys[:-1], target[:-1]):
@@ -165,7 +176,7 @@ class MetadataIndex:
         coded: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
         paths = self._paths
         for slot, metadata in enumerate(metadatas, first_slot):
-            stack = [((), metadata)]
+            stack: list[tuple[tuple[str, ...], dict[str, Any]]] = [((), metadata)]
             while stack:
                 prefix, obj = stack.pop()
                 for key, value in obj.items():
@@ -190,11 +201,11 @@ class MetadataIndex:
                         p = paths.get(path)
                         if p is None:
                             p = paths[path] = _Path()
-                        entry = coded.get(path)
-                        if entry is None:
-                            entry = coded[path] = ([], [])
-                        entry[0].append(slot)
-                        entry[1].append(p.coded.code(value))
+                        coded_entry = coded.get(path)
+                        if coded_entry is None:
+                            coded_entry = coded[path] = ([], [])
+                        coded_entry[0].append(slot)
+                        coded_entry[1].append(p.coded.code(value))
         for path, (slots, values, big) in numbers.items():
             p = paths.get(path)
             if p is None:
@@ -247,6 +258,8 @@ class MetadataIndex:
             else:
                 m = self._range(p, op, arg, n)
             out = m if out is None else np.logical_and(out, m, out=out)
+        if out is None:
+            raise ValueError(f"filter on {node.path!r} with no tests")  # parse_filter makes at least one
         return out
 
     def _equal(self, p: _Path | None, values: tuple, n: int) -> np.ndarray:
@@ -266,13 +279,14 @@ class MetadataIndex:
             mask.set(t_slots[:t_n][hit])
         others = [v for v in values if kind(v) in _CODED]
         if others:
-            s_slots, (s_codes,), t_slots, (t_codes,), t_n, bound, (codes, _) = p.coded.state
+            s_slots, (s_codes,), t_slots, (t_codes,), t_n, bound, dictionary = p.coded.state
+            codes, _ = _dictionary(dictionary)
             wanted = sorted({c for v in others if (c := codes.get(v)) is not None})
             if wanted:
                 mask.fit(bound)
-                lo = np.searchsorted(s_codes, wanted, "left")
-                hi = np.searchsorted(s_codes, wanted, "right")
-                for a, b in zip(lo.tolist(), hi.tolist()):
+                starts = np.searchsorted(s_codes, wanted, "left")
+                ends = np.searchsorted(s_codes, wanted, "right")
+                for a, b in zip(starts.tolist(), ends.tolist()):
                     mask.set(s_slots[a:b])
                 tail = t_codes[:t_n]
                 hit = tail == wanted[0] if len(wanted) == 1 else np.isin(tail, wanted)

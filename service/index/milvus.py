@@ -44,7 +44,7 @@ import re
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def _expr_field(path: str, cond: Any, field: str) -> str | None:
         if op == "$eq":
             parts.append(_equals(target, arg))
         elif op == "$in":
-            terms = [_equals(target, a) for a in arg] if len(arg) <= MAX_PUSHDOWN_IN else [None]
+            terms: list[str | None] = [_equals(target, a) for a in arg] if len(arg) <= MAX_PUSHDOWN_IN else [None]
             parts.append(None if any(t is None for t in terms) else _join(terms, "or"))
         elif op in ("$gt", "$gte", "$lt", "$lte"):
             literal = _number(arg)
@@ -299,7 +299,7 @@ class MilvusIndex:
         physical = desc["collection_name"]
         if ids is not None:  # Milvus counts the ids it was given, not the documents it removed
             doomed = [r["id"] for r in self._get_rows(physical, list(dict.fromkeys(ids)), ["id"])]
-        else:
+        elif predicate is not None:
             doomed = [r["id"] for batch in self._iterate(physical, ["id", "metadata"], to_expression(filter))
                       for r in batch if predicate(r.get("metadata") or {})]
         for start in range(0, len(doomed), WRITE_CHUNK):
@@ -525,6 +525,12 @@ class MilvusIndex:
             return False
         return bool(index) and not int(index.get("pending_index_rows", 0) or 0)
 
+    @overload
+    def _describe(self, name: str, missing_ok: Literal[False] = False) -> dict: ...
+
+    @overload
+    def _describe(self, name: str, missing_ok: bool) -> dict | None: ...
+
     def _describe(self, name: str, missing_ok: bool = False) -> dict | None:
         if missing_ok and not self._call(self._client.has_collection, self._alias(name)):
             return None  # has_collection knows aliases; asking first keeps pymilvus from logging an error
@@ -690,7 +696,7 @@ def _hit(row: dict, score: float, params: SearchParams) -> Hit:
 def _select(rows: list[dict], predicate, params: SearchParams, limit: int) -> tuple[list[Hit], str]:
     """One query's hits among Milvus's candidates, and why they end: "k" found, the "threshold" was
     passed, Milvus was "exhausted" (fewer candidates than asked), or "more" candidates are needed."""
-    hits = []
+    hits: list[Hit] = []
     for row in rows:
         score = float(row["distance"])
         if params.score_threshold is not None and score < params.score_threshold:

@@ -106,7 +106,7 @@ class VectorSet:
         # GPU resources when a GPU copy is kept (Flat, IVF; never HNSW); the copy covers the same slots as
         # `_covered` (for Flat, `_covered` and `_dead_covered` count what the GPU copy holds).
         self._gpu = gpu.resources(gpu_mode) if self.type.kind != "hnsw" else None
-        self._gpu_ann = None
+        self._gpu_ann: faiss.Index | None = None
         # (rows, base): the vectors of slots base, base + 1, ... (replaced, never shrunk in place, so a
         # reader holding one sees rows that never change). base > 0 only for HNSW: slots below it are
         # read from the structure.
@@ -115,11 +115,12 @@ class VectorSet:
         self._live = np.zeros(1024, dtype=bool)
         self.n = 0  # slots used
         self.count = 0  # live slots
-        self._ann = None
+        self._ann: faiss.Index | None = None
         self._covered = 0
         self._dead_covered = 0
         self._holds_vectors = self.type.kind == "hnsw"  # the structure keeps full vectors: no second copy
-        self._arrays = None  # (structure, its size, ids, vectors): numpy views of its memory, under _ann_lock
+        # (structure, its size, ids, vectors): numpy views of its memory, under _ann_lock
+        self._arrays: tuple[faiss.Index, int, np.ndarray, np.ndarray] | None = None
         self._ann_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -172,11 +173,11 @@ class VectorSet:
         vectors, found = self._gather(np.array([slot], dtype=np.int64), self._store, self._ann)
         return vectors[0] if found[0] else None
 
-    def view(self) -> tuple[_Rows, np.ndarray]:
+    def view(self) -> tuple[LiveRows, np.ndarray]:
         """(vectors, live) of the used slots, for a snapshot: `vectors[rows]` gathers live rows later,
         from the array and structure of now (written rows never change; a structure replaced since
         is kept alive by the view)."""
-        return _Rows(self, self._store, self._ann), self._live[: self.n].copy()
+        return LiveRows(self, self._store, self._ann), self._live[: self.n].copy()
 
     def memory(self) -> dict[str, int]:
         """Bytes held for vectors: the slot array (its allocated rows) and the structure's own copy
@@ -296,6 +297,8 @@ class VectorSet:
                 return None
             params = None if self.type.kind == "flat" else \
                 faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
+            if self._gpu_ann is None:
+                raise RuntimeError("a GPU search without a GPU copy")
             scores, slots = self._gpu_ann.search(np.ascontiguousarray(queries, dtype=np.float32), ask, params=params)
         live = self._live  # read after `covered`: it holds at least `covered` rows
         valid = (slots >= 0) & (slots < min(n, covered))
@@ -354,7 +357,7 @@ class VectorSet:
         """Search the structure (the caller holds _ann_lock); slots written after the caller read `n`
         (the builder may already cover them) are left out, as their documents may not be stored yet."""
         covered = self._covered
-        selector = None
+        selector: faiss.IDSelector | None = None
         if allowed is not None:
             selector = faiss.IDSelectorBatch(allowed[allowed < covered])
         elif self._dead_covered:  # tombstones inside the structure (kept by kill and the builder): skip them
@@ -367,6 +370,8 @@ class VectorSet:
             params = faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
         if selector is not None:
             params.sel = selector
+        if self._ann is None:
+            raise RuntimeError("a structure search without a structure")
         scores, slots = self._ann.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=params)
         slots[slots >= n] = -1
         scores[slots < 0] = -np.inf
@@ -419,6 +424,8 @@ class VectorSet:
             rows = np.arange(start, end, dtype=np.int64)
             chunk = np.ascontiguousarray(array[start - base: end - base])
             with self._ann_lock:
+                if self._ann is None:
+                    raise RuntimeError("the builder feeds a structure it did not build")
                 self._ann.add_with_ids(chunk, rows)
                 if self._gpu_ann is not None:
                     self._gpu_ann.add_with_ids(chunk, rows)
@@ -448,6 +455,8 @@ class VectorSet:
             end = min(self.n, start + BUILD_CHUNK * 8)
             array, _ = self._store
             with self._ann_lock:
+                if self._gpu_ann is None:
+                    raise RuntimeError("the builder feeds a GPU copy it did not make")
                 self._gpu_ann.add_with_ids(np.ascontiguousarray(array[start:end]), np.arange(start, end))
                 self._covered = end
                 self._dead_covered += int(np.count_nonzero(~self._live[start:end]))
@@ -477,7 +486,7 @@ class VectorSet:
                 self.build_now()
 
 
-class _Rows:
+class LiveRows:
     """`rows[slots]`: the vectors of live slots, gathered from an array and structure read earlier."""
 
     def __init__(self, owner: VectorSet, store, ann):

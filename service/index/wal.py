@@ -166,7 +166,7 @@ class WriteAheadLog:
         try:
             view = memoryview(record)
             while view:  # os.write may write part of it
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._open_fd(), view):]
         except OSError as e:
             self._cut_back()
             raise _not_durable(e) from e
@@ -180,7 +180,7 @@ class WriteAheadLog:
         if not self.fsync:
             return
         try:
-            os.fsync(self._fd)
+            os.fsync(self._open_fd())
         except OSError as e:
             self.broken = f"fsync failed: {e.strerror or e}"
             raise _not_durable(e) from e
@@ -190,13 +190,18 @@ class WriteAheadLog:
         self._offset, self.last_seq = offset, seq
         self._cut_back()
 
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise RuntimeError("the index log is closed")
+        return self._fd
+
     @property
     def position(self) -> tuple[int, int]:
         return self._offset, self.last_seq
 
     def _cut_back(self) -> None:
         try:
-            os.ftruncate(self._fd, self._offset)  # O_APPEND: the next write lands at the new end
+            os.ftruncate(self._open_fd(), self._offset)  # O_APPEND: the next write lands at the new end
         except OSError as e:
             self.broken = f"could not cut a failed write back: {e}"
 
