@@ -46,6 +46,7 @@ def tree(tmp_path):
     ("evaluation/sts.py", "def _lazy():\n    from benchmarks import machine  # noqa\n", "nothing imports benchmarks"),
     ("core/data.py", "def _lazy():\n    from service import manifest  # noqa\n", "core knows nothing of the serving"),
     ("core/beir.py", "def _lazy():\n    from core import ranking  # noqa\n", "no import cycles"),
+    ("service/index/base.py", "def _lazy():\n    from service.index import local  # noqa\n", "no import cycles"),
     # the process split: an API process never holds the engine's code, nor the engine the API's
     ("service/api/registry.py", "def _lazy():\n    from service.engine import core  # noqa\n",
      "service: api and engine never import each other"),
