@@ -21,11 +21,6 @@ from service.tokenization import TextTokenizer, check_texts, check_truncation, f
 
 log = logging.getLogger("sembed.registry")
 
-#: requests with fewer characters than this are tokenised on the event loop (well under 0.1 ms);
-#: longer ones in a thread, so other requests' HTTP work goes on meanwhile
-INLINE_TOKENIZATION_CHARS = 4096
-
-
 class ModelNotFound(EngineError):
     pass
 
@@ -99,7 +94,7 @@ class ServedModel:
         return self.tokenizer.token_details(texts, add_special_tokens)
 
     async def _tokenize(self, encode, chars: int, inputs, direction: str):
-        if chars <= INLINE_TOKENIZATION_CHARS:
+        if chars <= self.tokenizer.inline_chars:
             return encode(inputs, direction)
         return await asyncio.to_thread(encode, inputs, direction)
 
