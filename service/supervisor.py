@@ -100,9 +100,12 @@ def api_main(settings: Settings, topology: Topology, listener: socket.socket, nu
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from service.api.app import create_app
     from service.api.server import build_server
+    from service.process import settle_gc
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
-    build_server(create_app(settings, topology=topology), settings).run(sockets=[listener])
+    server = build_server(create_app(settings, topology=topology), settings)
+    settle_gc()
+    server.run(sockets=[listener])
 
 
 @dataclass
