@@ -113,7 +113,7 @@ def test_a_small_request_is_not_starved_by_a_huge_one():
     async def run():
         backend.gate.clear()
         big_task = asyncio.ensure_future(engine.embed(big))
-        await queued(engine)  # its first pass is held at the gate
+        await until(backend.at_gate.is_set)  # its first pass is taken, and held at the gate
         small_task = asyncio.ensure_future(engine.embed(["just one"]))
         await queued(engine)
         backend.gate.set()

@@ -40,6 +40,7 @@ class FakeBackend:
         self.tokenizer = WordTokenizer(max_seq_length)
         self.gate = threading.Event()
         self.gate.set()
+        self.at_gate = threading.Event()  # a pass has reached the gate (and waits there while it is closed)
         self.passes: list[list[int]] = []  # the unpadded lengths of each forward pass's rows
         self.padded_tokens: list[int] = []  # rows × seq_len of each pass
         self.healthy = True
@@ -49,6 +50,7 @@ class FakeBackend:
         return tokenized_rows(self.tokenizer.encode(texts)[0])
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        self.at_gate.set()
         self.gate.wait()
         assert all(i.length <= seq_len for i in items), "a row longer than its batch"
         self.passes.append([i.length for i in items])
