@@ -128,3 +128,25 @@ def test_a_pickled_head_is_refused_without_being_unpickled(tiny_encoder, tmp_pat
     with pytest.raises(ValueError, match="pickled head"):
         SentenceEncoder.from_pretrained(model_dir)
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("pooling,head", [("mean", "none"), ("cls", "mlp"), ("first_last_avg", "linear-tanh")])
+def test_our_checkpoint_exports_to_what_sentence_transformers_loads_from_it(tiny_model_dir, tmp_path, pooling, head):
+    """The whole chain a trained run goes through: our checkpoint directory, loaded by sentence-transformers,
+    gives the vectors the served ONNX export gives (heads and pooling inside the graph)."""
+    import onnxruntime as ort
+
+    from training.export import main as export_main
+
+    torch.manual_seed(2)
+    enc = SentenceEncoder.from_pretrained(tiny_model_dir, pooling=pooling, max_seq_length=24)
+    enc.head = HEADS[head]()
+    enc.save_pretrained(tmp_path / "best")
+    assert export_main(["--model", str(tmp_path / "best"), "--out", str(tmp_path / "export"), "--no-int8",
+                        "--no-fp16"]) == 0
+    batch = SentenceEncoder.from_pretrained(tmp_path / "best").tokenize(TEXTS)
+    session = ort.InferenceSession(str(tmp_path / "export" / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {i.name: batch[i.name].numpy().astype(np.int64) for i in session.get_inputs()}
+    served = session.run(["embedding"], feeds)[0]
+    _, expected = _st_encode(tmp_path / "best")  # the directory ends in Normalize: unit vectors
+    np.testing.assert_allclose(served, expected, atol=1e-5)
