@@ -61,7 +61,7 @@ RUN python3 -m venv /opt/venv \
 # ---- the GPU service --------------
 FROM gpu-base AS gpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index \
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_DATA_DIR=/data \
     SEMBED_DEVICE=cuda
 WORKDIR /app
 RUN mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained
@@ -104,7 +104,7 @@ CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models/tra
 # ---- the CPU service (the last stage: `docker build .` builds it) -------------------------------------------------------------------------
 FROM python:3.11.14-slim-trixie AS runtime
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_INDEX_PATH=/data/index
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_DATA_DIR=/data
 WORKDIR /app
 RUN useradd --system --uid 10001 --user-group --no-create-home sembed \
     && mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained

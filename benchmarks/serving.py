@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.machine import process_tree
+from service.settings import MEMORY_ONLY
 
 BATCH = 32
 CONCURRENCY = (1, 8, 32, 64)
@@ -145,7 +146,7 @@ def start_service(export_dir: Path, variant: str = "fp32") -> tuple[subprocess.P
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "SEMBED_MODEL_DIR": str(export_dir), "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1",
-           "SEMBED_VARIANT": variant}
+           "SEMBED_VARIANT": variant, "SEMBED_INDEX_PATH": MEMORY_ONLY}  # the bench never keeps an index
     # The log goes to a file: a pipe nobody reads fills up with access lines and stalls the service.
     log_file = tempfile.NamedTemporaryFile(prefix="sembed-bench-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log_file, stderr=subprocess.STDOUT)

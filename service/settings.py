@@ -10,6 +10,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+#: The SEMBED_INDEX_PATH that asks for an index in memory only (SQLite's spelling of the same wish).
+MEMORY_ONLY = ":memory:"
+
+
 class Settings(BaseSettings):
     # A prefix, because Kubernetes injects <SERVICE>_PORT-style variables that would collide.
     model_config = SettingsConfigDict(env_prefix="SEMBED_", env_file=".env", extra="ignore",
@@ -95,8 +99,14 @@ class Settings(BaseSettings):
     index_backend: Literal["local", "milvus"] = Field("local", description="local: FAISS in this process with a "
                                                      "write-ahead log (one node, one writer); milvus: a Milvus "
                                                      "server holds the vectors (stateless replicas)")
-    index_path: Path | None = Field(None, description="local: where the log and snapshots live (unset: memory "
-                                    "only, lost at exit)")
+    # Persistent by default: an index that a restart empties surprises everyone once. The data directory
+    # is relative to the working directory (`make serve`: the repository's git-ignored data/; the images
+    # set /data, their volume).
+    data_dir: Path = Field(Path("data"), description="where the service keeps what must outlive it: the local "
+                           "index under `<data_dir>/index`")
+    index_path: Path | None = Field(None, description=f"local: where the log and snapshots live; unset: "
+                                    f"`<data_dir>/index`; `{MEMORY_ONLY}`: memory only, lost at exit (said loudly "
+                                    "at start)")
     index_type: str = Field("Flat", description="the default collection's index: Flat, HNSW32, IVF1024,SQ8, ...")
     index_fsync: bool = Field(True, description="fsync the log before answering a write (off: a crash of the "
                               "machine may lose acknowledged writes)")
@@ -119,6 +129,12 @@ class Settings(BaseSettings):
         if self.models:
             return [(name, Path(d)) for name, d in parse_models(self.models)]
         return [(None, self.model_dir)]
+
+    def index_location(self) -> Path | None:
+        """Where the local index keeps its log and snapshots; None: in memory only (SEMBED_INDEX_PATH=:memory:)."""
+        if self.index_path is None:
+            return self.data_dir / "index"
+        return None if str(self.index_path) == MEMORY_ONLY else self.index_path
 
     def batch_token_budget(self) -> int:
         return self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)

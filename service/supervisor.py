@@ -32,7 +32,7 @@ from pathlib import Path
 
 from service.api.topology import ModelEndpoint, Topology
 from service.manifest import Manifest
-from service.settings import Settings
+from service.settings import MEMORY_ONLY, Settings
 
 log = logging.getLogger("sembed.supervisor")
 
@@ -177,6 +177,9 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         log.info("starting %d API process(es), %d engine(s)%s on %s:%d (run dir %s)", workers, len(topology.models),
                  " and the index writer" if topology.index_endpoint else "", s.host, s.port, self.run_dir)
+        index_dir = s.index_location()
+        if s.index_backend == "local" and index_dir is not None:
+            log.info("the index keeps its log and snapshots in %s", index_dir.resolve())
         for child in self.children:
             self._start(child)
         try:
@@ -359,7 +362,8 @@ def startup_warnings(settings: Settings) -> list[str]:
         warnings.append(f"listening on {settings.host}:{settings.port} with no API key: anyone who reaches this "
                         "port can embed, search and write the index (set SEMBED_API_KEYS or SEMBED_API_KEYS_FILE, "
                         "or SEMBED_HOST=127.0.0.1)")
-    if settings.index_backend == "local" and settings.index_path is None:
-        warnings.append("the index lives in memory only (SEMBED_INDEX_PATH is unset): every collection and "
-                        "document is gone when the service stops; set SEMBED_INDEX_PATH to keep them")
+    if settings.index_backend == "local" and settings.index_location() is None:
+        warnings.append(f"the index lives in memory only (SEMBED_INDEX_PATH={MEMORY_ONLY}): every collection and "
+                        "document is gone when the service stops; unset it to keep them under SEMBED_DATA_DIR "
+                        f"({settings.data_dir}/index), or set it to a directory")
     return warnings

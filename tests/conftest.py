@@ -9,6 +9,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The service keeps its index under ./data by default; the services the tests start (in process, or as
+# processes inheriting this environment) keep theirs in memory unless a test names a directory, so no
+# test writes into the repository and no two tests share an index.
+os.environ.setdefault("SEMBED_INDEX_PATH", ":memory:")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DATA_DIR", REPO.parent / "shared" / "data"))

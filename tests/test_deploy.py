@@ -73,7 +73,7 @@ def test_dockerfile_targets():
         assert "pip install" not in s[name].split("USER 10001", 1)[1], name  # nothing installed as the user
     for name in ("runtime", "gpu"):
         assert "HEALTHCHECK" in s[name] and "/readyz" in s[name]
-        assert "VOLUME [\"/data\"]" in s[name] and "SEMBED_INDEX_PATH=/data/index" in s[name]
+        assert "VOLUME [\"/data\"]" in s[name] and "SEMBED_DATA_DIR=/data" in s[name]
     assert "secrets" in (REPO / ".dockerignore").read_text().split()
 
 
@@ -147,7 +147,7 @@ def test_the_image_entrypoint_serves_with_the_image_environment(image_service):
     assert httpx.post(image_service.url + "/embed", json={"inputs": "x"}).status_code == 401
     r = httpx.post(image_service.url + "/embed", json={"inputs": "hello"}, headers=auth)
     assert r.status_code == 200 and len(r.json()) == 1
-    # the index writes under the data volume (SEMBED_INDEX_PATH=/data/index), nowhere else
+    # the index writes under the data volume (SEMBED_DATA_DIR=/data: /data/index), nowhere else
     doc = {"documents": [{"id": "1", "text": "hi"}]}
     r = httpx.post(image_service.url + "/index/documents", json=doc, headers=auth)
     assert r.status_code == 200, r.text

@@ -161,14 +161,64 @@ def test_a_reload_moves_every_api_process_to_a_new_engine_process(service):
     assert old not in process_tree(service.pid) and engines == ["sembed: engine fake-model cpu"]
 
 
-def test_an_open_port_without_keys_and_a_memory_only_index_are_said_at_start():
-    from service.settings import Settings
+def test_an_open_port_without_keys_and_a_memory_only_index_are_said_at_start(monkeypatch):
+    from service.settings import MEMORY_ONLY, Settings
     from service.supervisor import startup_warnings
 
-    loud = startup_warnings(Settings(backend="fake", host="0.0.0.0"))
+    monkeypatch.delenv("SEMBED_INDEX_PATH", raising=False)  # conftest's memory-only default for tests
+    loud = startup_warnings(Settings(backend="fake", host="0.0.0.0", index_path=MEMORY_ONLY))
     assert any("no API key" in w for w in loud) and any("memory only" in w for w in loud)
+    assert startup_warnings(Settings(backend="fake", host="127.0.0.1")) == []  # the default: on disk
     assert startup_warnings(Settings(backend="fake", host="127.0.0.1", index_path="/tmp/idx")) == []
     assert not any("no API key" in w for w in startup_warnings(Settings(backend="fake", api_keys="k")))
+
+
+def test_the_index_persists_by_default_under_the_data_directory(tmp_path):
+    """No index setting at all: the index lives in ./data/index of the working directory and survives a restart."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEMBED_")}
+    env.update(PYTHONPATH=str(REPO), SEMBED_BACKEND="fake", SEMBED_MODEL_DIR=str(tmp_path / "fake-model"),
+               SEMBED_HOST="127.0.0.1", SEMBED_API_WORKERS="1", SEMBED_DRAIN_DELAY_S="0", SEMBED_ACCESS_LOG="false")
+    doc = {"documents": [{"id": "kept", "text": "a document that outlives a restart"}]}
+    for run in ("first", "second"):
+        port = free_port()
+        with open(tmp_path / f"{run}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=work, env={**env, "SEMBED_PORT": str(port)},
+                                    stdout=log, stderr=subprocess.STDOUT)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                _wait_ready(url, proc)
+                if run == "first":
+                    assert httpx.post(f"{url}/index/documents", json=doc).json()["total"] == 1
+                else:  # the same document, found again after the restart
+                    hits = httpx.post(f"{url}/search", json={"query": "outlives a restart", "k": 1}).json()
+                    assert [h["id"] for h in hits["results"][0]] == ["kept"]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(30) == 0
+        text = (tmp_path / f"{run}.log").read_text()
+        assert "memory only" not in text and str(work / "data" / "index") in text, text[-2000:]
+    assert any((work / "data" / "index").iterdir())
+
+
+def test_a_memory_only_index_is_chosen_explicitly_and_said_loudly(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEMBED_")}
+    env.update(PYTHONPATH=str(REPO), SEMBED_BACKEND="fake", SEMBED_MODEL_DIR=str(tmp_path / "fake-model"),
+               SEMBED_HOST="127.0.0.1", SEMBED_API_WORKERS="1", SEMBED_DRAIN_DELAY_S="0", SEMBED_PORT=str(port),
+               SEMBED_INDEX_PATH=":memory:")
+    with open(tmp_path / "service.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=tmp_path, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(f"http://127.0.0.1:{port}", proc)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    text = (tmp_path / "service.log").read_text()
+    assert "WARNING" in text and "the index lives in memory only" in text, text[-2000:]
+    assert not (tmp_path / "data").exists()
 
 
 def test_ctrl_c_stops_cleanly_without_a_traceback(service):

@@ -34,7 +34,7 @@ def open_configured(settings) -> VectorIndex:
     options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
                "snapshot_every_s": settings.index_snapshot_every_s,
                "gpu": settings.index_gpu} if settings.index_backend == "local" else {}
-    return open_index(settings.index_backend, settings.index_path, uri=settings.milvus_uri, **options)
+    return open_index(settings.index_backend, settings.index_location(), uri=settings.milvus_uri, **options)
 
 
 def open_index(backend: str, path=None, uri: str | None = None, **options) -> VectorIndex:
