@@ -55,8 +55,10 @@ class ApiMetrics:
                                       buckets=TOKEN_BUCKETS, registry=r)
         self.tokenization_seconds = Histogram("sembed_tokenization_duration_seconds", "tokenisation per request",
                                               buckets=LATENCY_BUCKETS, registry=r)
-        self.index_documents = Gauge("sembed_index_documents", "documents in the default collection", registry=r,
-                                     multiprocess_mode="mostrecent")
+        # Set by the API process that last wrote to a collection (mostrecent across processes); a dropped
+        # collection reads 0 until a restart (prometheus-client cannot remove a series in multiprocess mode).
+        self.index_documents = Gauge("sembed_index_documents", "documents per collection", ["collection"],
+                                     registry=r, multiprocess_mode="mostrecent")
         self._also: list[CollectorRegistry] = []  # engines run in this process (tests, tools)
 
     def include(self, registry: CollectorRegistry) -> None:

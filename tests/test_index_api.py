@@ -55,6 +55,30 @@ def test_the_first_routes_keep_their_answers(server):
     assert (cleared["deleted"], cleared["total"]) == (2, 0)
 
 
+def test_the_index_size_metric_counts_every_collection(server):
+    from tests.test_processes import index_sizes
+
+    c = server.client
+    c.post("/index/documents", json={"documents": DOCS})
+    c.post("/collections", json={"name": "papers"})
+    assert index_sizes(c.get("/metrics").text) == {"default": 3, "papers": 0}
+    c.post("/collections/papers/documents", json={"documents": DOCS[:2]})
+    c.delete("/index/documents/stocks")
+    assert index_sizes(c.get("/metrics").text) == {"default": 2, "papers": 2}
+    c.delete("/collections/papers", params={"confirm": "true"})
+    assert index_sizes(c.get("/metrics").text) == {"default": 2, "papers": 0}  # a dropped one reads 0
+
+
+def test_an_api_process_starting_counts_the_collections_already_there(tmp_path):
+    from tests.test_processes import index_sizes
+
+    with make_server(tmp_path) as live:
+        httpx.post(live.url + "/collections", json={"name": "notes"})
+        httpx.post(live.url + "/collections/notes/documents", json={"documents": DOCS})
+    with make_server(tmp_path) as live:  # the same index directory, a fresh process's metrics
+        assert index_sizes(httpx.get(live.url + "/metrics").text) == {"default": 0, "notes": 3}
+
+
 def test_collections_documents_and_filtered_search(server):
     c = server.client
     r = c.post("/collections", json={"name": "papers", "index_type": "HNSW16"})

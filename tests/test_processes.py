@@ -83,6 +83,19 @@ def test_each_process_names_its_role_and_the_routes_work_across_them(service):
         metrics = c.get("/metrics").text  # every process's samples, under one name each
         texts = [line for line in metrics.splitlines() if line.startswith("sembed_embedded_texts_total")]
         assert texts and float(texts[0].split()[-1]) >= 14, texts
+        # the index size per collection, whichever API process wrote last
+        assert c.post("/collections", json={"name": "notes"}).status_code == 201
+        c.post("/collections/notes/documents", json={"documents": [{"id": "n", "text": "a note"}]})
+        sizes = index_sizes(c.get("/metrics").text)
+        assert sizes == {"default": 6, "notes": 1}, sizes
+
+
+def index_sizes(exposition: str) -> dict[str, float]:
+    """sembed_index_documents by its collection label."""
+    import re
+
+    return {m[1]: float(m[2]) for m in re.finditer(r'^sembed_index_documents\{collection="([^"]*)"\} (\S+)$',
+                                                   exposition, flags=re.M)}
 
 
 @pytest.mark.parametrize("service", [{"SEMBED_INDEX_BACKEND": "milvus"}], indirect=True)

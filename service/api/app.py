@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
             app.state.index = await run_in_threadpool(open_configured, settings)
         # idempotent: every API process may ask, the first one makes it
         await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.resolve(), reg.get().info)
-        metrics.index_documents.set(index.default_documents(app.state.index))
+        await run_in_threadpool(index.count_documents, metrics, app.state.index)
         log.info("serving %s", ", ".join(reg.names()))
         yield
         await reg.close()

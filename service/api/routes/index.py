@@ -133,7 +133,9 @@ async def create_collection(req: schemas.CreateCollectionRequest, request: Reque
         if req.dimension not in (None, dim):
             raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
         spec = CollectionSpec(req.name, dim, req.index_type, stamp)
-    return NumpyJSONResponse(_collection(await _call(_index(request).create_collection, spec)), status_code=201)
+    info = await _call(_index(request).create_collection, spec)
+    _count(request, info.name, info.count)
+    return NumpyJSONResponse(_collection(info), status_code=201)
 
 
 @router.get("/collections", response_model=schemas.CollectionsOut)
@@ -158,6 +160,7 @@ async def drop_collection(name: str, request: Request, confirm: bool = False):
     """Drop the collection and everything in it (?confirm=true)."""
     _confirmed(confirm, f"dropping collection {name!r} deletes all its documents")
     result = await _call(_index(request).drop_collection, name)
+    _count(request, name, 0)
     return NumpyJSONResponse({"deleted": result.count, "total": 0, "sequence": result.sequence})
 
 
@@ -233,8 +236,13 @@ async def search(name: str, req: schemas.SearchRequest, request: Request):
 
 
 def _count(request: Request, name: str, total: int) -> None:
-    if name == DEFAULT_COLLECTION:
-        request.app.state.metrics.index_documents.set(total)
+    request.app.state.metrics.index_documents.labels(collection=name).set(total)
+
+
+def count_documents(metrics, index) -> None:
+    """Every collection's document count into `metrics` (an API process starting: the index may hold some)."""
+    for info in index.list_collections():
+        metrics.index_documents.labels(collection=info.name).set(info.count)
 
 
 # --- the default collection, under the first routes' names (existing clients keep working) --------
