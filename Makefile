@@ -11,11 +11,12 @@ PORT ?= $(or $(SEMBED_PORT),8080)
 WORDNET_DIR ?= /usr/share/wordnet
 METHOD ?= cosent
 PRESET ?= quick
-DATA ?= ../shared/data
+DATA ?= data/datasets
+FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export bench bench-frontend wrk bench-index venv-gpu gpu-check \
+.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend wrk bench-index venv-gpu gpu-check \
 	deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
@@ -58,6 +59,12 @@ serve: venv $(MODEL_DIR)/manifest.json
 
 export: venv
 	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
+
+# STS12-16, STS-B, SICK, SNLI (SentEval's files) and the sentence corpora into DATA, each file checked against its
+# sha256 (core/datasets.py): downloaded, or offline FROM=<folder> (the layout, SentEval's, or the downloaded
+# senteval.tar). A folder already holding them is checked in place: make data DATA=<folder>. The standard library only.
+data:
+	$(PYTHON) -m core.datasets --out $(DATA) $(if $(FROM),--from $(FROM))
 
 # ConIsI's antonym strategy reads WordNet from Debian's packages.
 wordnet:

@@ -33,6 +33,18 @@ class ScoredPair:
     label: float
 
 
+#: What every message about a missing dataset ends with: the command that gets it (core/datasets.py).
+GET_DATA = ("get the evaluation and training sets with `make data` (a download, checked by sha256) or, offline, "
+            "`make data FROM=<folder holding them>`, into DATA (data/datasets; pass that folder as --data-dir)")
+#: The named sources `make data` fetches; other sources (PAWS, MRPC, QQP, MultiNLI) are yours to get.
+FETCHED_SOURCES = ("stsb", "sick", "snli")
+
+
+class DataNotFound(FileNotFoundError):
+    """A dataset a command needs is not where it looked; the message says which command gets it.
+    Command-line tools print it and exit 1 instead of a traceback."""
+
+
 # What Objective.data_kind names, and the example type each kind yields.
 DATA_KINDS = {"unlabeled": str, "pairs": PairExample, "scored": ScoredPair}
 
@@ -72,9 +84,12 @@ def read_text(path: str | Path, limit: int | None = None) -> list[str]:
     A folder: every *.txt file under it, in sorted path order (a user's own text, as it lies).
     """
     path = Path(path)
+    if not path.exists():
+        raise DataNotFound(f"{path}: no such file or folder; for the sentence corpora (corpus/wordnet-sentences.txt, "
+                           f"wiki1m_for_simcse.txt), {GET_DATA}")
     files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
     if not files:
-        raise FileNotFoundError(f"no *.txt files under {path}")
+        raise DataNotFound(f"no *.txt files under {path}; for the sentence corpora, {GET_DATA}")
     out: list[str] = []
     for file in files:
         with open(file, encoding="utf-8") as f:
@@ -324,7 +339,8 @@ def find_source_dir(name: str, data_dir: str | Path, marker: str | None = None) 
             return d
         if marker is None and d.is_dir() and any(d.glob("s1.*")):
             return d
-    raise FileNotFoundError(f"no {name} data under {data_dir} (looked in {', '.join(candidates)})")
+    how = f"; {GET_DATA}" if name in FETCHED_SOURCES else ""
+    raise DataNotFound(f"no {name} data under {data_dir} (looked in {', '.join(candidates)}){how}")
 
 
 def _unique_sentences(examples: list) -> list[str]:

@@ -1,7 +1,7 @@
 """Build BEIR-format retrieval sets from local data (no BEIR corpus can be downloaded here).
 
-    python -m evaluation.build_sets stsb --data-dir ../shared/data --out data/beir/stsb-retrieval
-    python -m evaluation.build_sets snli --data-dir ../shared/data --out data/beir/snli-retrieval
+    python -m evaluation.build_sets stsb --data-dir data/datasets --out data/beir/stsb-retrieval
+    python -m evaluation.build_sets snli --data-dir data/datasets --out data/beir/snli-retrieval
     python -m evaluation.build_sets download --name scifact --out data/beir     # with the internet
 
 stsb: InfoCSE §6.2 (after DiffCSE), Table 11's in-domain retrieval. The corpus is the STS-B test
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from core import beir
-from core.data import find_source_dir, read_snli, read_stsb
+from core.data import GET_DATA, DataNotFound, find_source_dir, read_snli, read_stsb
 from core.sts import normalize
 
 NLI_GRADE = {"entailment": 2, "neutral": 1, "contradiction": 0}
@@ -92,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in BUILDERS:
         parser.error(f"unknown set {args.set!r}; choose from {', '.join(BUILDERS)}, download")
     if args.data_dir is None:
-        parser.error(f"{name} needs --data-dir")
-    data = BUILDERS[name](args.data_dir)
+        parser.error(f"{name} needs --data-dir (DATA= in make); {GET_DATA}")
+    try:
+        data = BUILDERS[name](args.data_dir)
+    except DataNotFound as e:  # says which command gets the data
+        raise SystemExit(f"error: {e}") from None
     beir.write(args.out, data)
     print(f"{args.out}: {len(data.corpus)} documents, {len(data.queries)} queries, "
           f"{sum(len(d) for d in data.qrels.values())} judgements")

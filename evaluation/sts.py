@@ -1,7 +1,7 @@
 """STS evaluation as SentEval/SimCSE run it: Spearman × 100 of cosine similarity against gold.
 
-    python -m evaluation.sts --url http://localhost:8080 --data-dir ../shared/data [--out results/sts.json]
-    python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir ../shared/data [--variant int8]
+    python -m evaluation.sts --url http://localhost:8080 --data-dir data/datasets [--out results/sts.json]
+    python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir data/datasets [--variant int8]
 
 Tasks: STS12–16 in the "all" setting (every subset of a year concatenated, one Spearman), STS-B test,
 SICK-R test; "avg" is their mean. Sentences are whitespace-normalised (core.sts). The scoring is
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.data import DataNotFound
 from core.sts import Encode, score_task
 from evaluation.embedders import Embedder, load_embedder
 from evaluation.sts_data import TASKS, load_task
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="fp32", help="with --model <export>: which graph (fp32, int8, fp16)")
     parser.add_argument("--label", help="row name in reports (default: the model name, '+(service)' with --url)")
     args = parser.parse_args(argv)
+    try:  # the data first: a missing set is said before a model loads
+        for name in args.tasks:
+            load_task(name, args.data_dir)
+    except DataNotFound as e:
+        raise SystemExit(f"error: {e}") from None
 
     embedder = load_embedder(args.url, args.model, args.variant)
     label = args.label or (f"{embedder.name} (service)" if args.url else embedder.name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.data import find_source_dir, read_sick
+from core.data import GET_DATA, DataNotFound, find_source_dir, read_sick
 from core.sts import StsTask, make_task, read_stsb_split
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
@@ -30,7 +30,7 @@ def _year_dir(data_dir: Path, year: str) -> Path:
                 f"{year}-en-test"):
         if (data_dir / rel).is_dir():
             return data_dir / rel
-    raise FileNotFoundError(f"no {year}-en-test folder under {data_dir}")
+    raise DataNotFound(f"no {year}-en-test folder under {data_dir}; {GET_DATA}")
 
 
 def sts_year_subsets(folder: str | Path) -> list[str]:

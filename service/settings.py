@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
 #: The SEMBED_INDEX_PATH that asks for an index in memory only (SQLite's spelling of the same wish).
 MEMORY_ONLY = ":memory:"
 

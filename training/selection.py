@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from core import beir
+from core.data import GET_DATA, DataNotFound
 from core.encoder import SentenceEncoder
 from core.ranking import evaluate_run, search_in_process
 from core.sts import StsTask, score_task, score_task_pairs, stsb_dev_pair_spearman, stsb_dev_spearman
@@ -55,7 +56,7 @@ class StsbDev:
 
     def __init__(self, data_dir: str | Path | None):
         if data_dir is None:
-            raise ValueError("--select stsb-dev needs --data-dir (a folder holding STS-B)")
+            raise DataNotFound(f"--select stsb-dev needs --data-dir (a folder holding STS-B); {GET_DATA}")
         self.data_dir = data_dir
 
     def __call__(self, encoder: SentenceEncoder) -> float:

@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from core.data import DataNotFound
 from core.default_model import model_label
 from core.encoder import SentenceEncoder
 from training.config import PRESETS, TrainConfig, make_config
@@ -119,7 +120,10 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    train_and_export(build_config(argv))
+    try:
+        train_and_export(build_config(argv))
+    except DataNotFound as e:  # says which command gets the data: a traceback would bury that
+        raise SystemExit(f"error: {e}") from None
     return 0
 
 
