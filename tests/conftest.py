@@ -16,6 +16,14 @@ os.environ.setdefault("SEMBED_INDEX_PATH", ":memory:")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DATA_DIR", REPO.parent / "shared" / "data"))
+_REPO_DATA_EXISTED = (REPO / "data").exists()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The service's default data directory is ./data: a test that let a service write there fails the run."""
+    if not _REPO_DATA_EXISTED and (REPO / "data").exists():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\n{REPO / 'data'} was created by a test: services under test must keep their data in tmp dirs")
 
 
 @pytest.fixture(scope="session")
