@@ -9,6 +9,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from core import beir
+from core.data import DataNotFound
 from training.selection import Evaluator, make_evaluator
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -89,7 +90,7 @@ def test_stsb_dev_selection_is_the_harness_stsb_dev(shared_data):
     assert ev.name == "STS-B dev Spearman"
     enc = LetterCounts()
     assert ev(enc) == pytest.approx(stsb_dev_spearman(enc.encode, shared_data))
-    with pytest.raises(ValueError, match="data-dir"):
+    with pytest.raises(DataNotFound, match="needs --data-dir .* `make data`"):  # names the command that gets it
         make_evaluator("stsb-dev")
 
 
