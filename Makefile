@@ -5,6 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# bench-int8's sentence-transformers + optimum-onnx, apart from ours: their pins clash with our transformers
+ANCHOR_VENV := $(VENV)/anchor
 MODEL ?= default
 MODEL_DIR ?= $(or $(SEMBED_MODEL_DIR),models/all-MiniLM-L6-v2)
 PORT ?= $(or $(SEMBED_PORT),8080)
@@ -16,8 +18,8 @@ FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend wrk bench-index venv-gpu gpu-check \
-	deploy-tools promtool
+.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index \
+	venv-gpu gpu-check deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -92,10 +94,27 @@ promtool:
 	  else echo "promtool missing: sudo apt-get install prometheus (tests/test_deploy.py skips its check)" >&2; fi; }
 
 # Serving speed side by side (sentence-transformers, onnxruntime in process, the service), PASS/FAIL targets;
-# then the front end alone (bench-frontend). The second runs even if the first has a FAIL; the status says if any did.
-bench: venv $(MODEL_DIR)/manifest.json wrk
+# then our int8 against sentence-transformers' (bench-int8), then the front end alone (bench-frontend). Each runs
+# even if one before it has a FAIL; the status says if any did.
+bench: venv $(MODEL_DIR)/manifest.json wrk $(ANCHOR_VENV)/.installed
 	$(PY) -m benchmarks.serving --model-dir $(MODEL_DIR) --data-dir $(DATA) --out results/bench-serving.json; \
-	  status=$$?; $(BENCH_FRONTEND) && exit $$status
+	  status=$$?; $(BENCH_INT8) || status=1; $(BENCH_FRONTEND) && exit $$status
+
+# Our int8 variants against the int8 a user makes with sentence-transformers' export_dynamic_quantized_onnx_model
+# (the config that fits this CPU: avx512_vnni, avx2 or arm64), built in its own venv from pinned packages
+# (optimum-onnx pins transformers < 4.58, ours is past it; nothing of it serves): speed side by side, cosine to our
+# fp32, 7-task STS, PASS/FAIL. Quick run: make bench-int8 INT8_ARGS='--rounds 3 --no-sts'
+INT8_ARGS ?=
+BENCH_INT8 = $(PY) -m benchmarks.int8_anchor --model-dir $(MODEL_DIR) --data-dir $(DATA) \
+	--anchor-python $(ANCHOR_VENV)/bin/python --out results/bench-int8.json $(INT8_ARGS)
+$(ANCHOR_VENV)/.installed: benchmarks/anchor-requirements.txt
+	$(PYTHON) -m venv $(ANCHOR_VENV)
+	$(ANCHOR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ANCHOR_VENV)/bin/python -m pip install -q -r benchmarks/anchor-requirements.txt
+	touch $@
+
+bench-int8: venv $(MODEL_DIR)/manifest.json $(ANCHOR_VENV)/.installed
+	$(BENCH_INT8)
 
 # What the server itself costs (SEMBED_BACKEND=null: the export's tokenizer, no model compute) with 1, 2 and 4 API
 # workers under wrk: req/s, p50/p99, sentences/s, server CPU per request and sentence, RSS, malformed bodies.
