@@ -29,7 +29,7 @@ def _layer_nodes(graph, kind: str) -> list[str]:
     shapes = {init.name: list(init.dims) for init in graph.initializer}
     if kind == "qkv":
         return [n.name for n in graph.node if n.op_type == "Attention"]
-    if kind == "ffn_out":  # the very nodes build_int8 leaves in float32
+    if kind == "ffn_out":  # the very nodes build_int8 quantises by blocks
         return ffn_outputs(graph)
     dense = [n for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2]
     test = {"attn_out": lambda k, n: k == n, "ffn_in": lambda k, n: k < n}[kind]
@@ -57,7 +57,7 @@ CONFIGS: dict[str, dict] = {
         "exclude": [("qkv", [i]), ("attn_out", [i]), ("ffn_in", [i]), ("ffn_out", [i])]} for i in range(6)},
     **{f"fp32: FFN output of layer {i}": {"exclude": [("ffn_out", [i])]} for i in range(6)},
     "fp32: FFN outputs of layers 0, 1": {"exclude": [("ffn_out", [0, 1])]},
-    "fp32: FFN outputs of layers 0, 2 (build_int8)": {"exclude": [("ffn_out", [0, 2])]},
+    "fp32: FFN outputs of layers 0, 2 (build_int8 before issue 26)": {"exclude": [("ffn_out", [0, 2])]},
     "fp32: FFN outputs of layers 0, 1, 2": {"exclude": [("ffn_out", [0, 1, 2])]},
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,74 @@ def test_drop_repeated_nodes_removes_exact_repeats_only():
     clash = helper.make_node("Cast", ["k"], ["m_cast_to_fp32"], name="m_cast_to_fp32_node", to=TensorProto.FLOAT)
     graph.node.append(clash)
     assert quantize._drop_repeated_nodes(graph) == 0 and len(graph.node) == 3
+
+
+def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
+    """int8's block-quantised MatMuls (MatMulNBits, 8 bits, int8 compute) give the float MatMul's result to int8
+    precision, with K not a multiple of the block (padded), and leave the MatMuls not named alone."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(80, 24)).astype(np.float32), rng.normal(size=(24, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+         helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 80])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    assert quantize.blockwise_int8(model, {"first"}, block_size=32) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "MatMul"]
+    onnx.checker.check_model(model)
+    x = rng.normal(size=(5, 80)).astype(np.float32)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = x @ w1 @ w2
+    assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+def test_plain_layer_norms_compute_what_skip_layer_normalization_does():
+    """int8's SkipLayerNormalizations become Sum + LayerNormalization: the same values, a Sum that onnxruntime does
+    not fuse back into SkipLayerNormalization (it does with Add), and left alone where a later output is read."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    gamma, beta, bias = (rng.normal(size=16).astype(np.float32) for _ in range(3))
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in ((gamma, "g"), (beta, "b"), (bias, "bias"))]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None, 16]) for n in ("x", "s", "y")]
+
+    def graph(outputs: list[str], extra: list) -> onnx.ModelProto:
+        node = helper.make_node("SkipLayerNormalization", ["x", "s", "g", "b", "bias"], outputs, name="sln",
+                                domain="com.microsoft", epsilon=1e-12)
+        return helper.make_model(helper.make_graph([node], "g", io[:2], [io[2], *extra], inits), ir_version=9,
+                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+    model = graph(["y"], [])
+    x, s = rng.normal(size=(2, 5, 16)).astype(np.float32), rng.normal(size=(2, 5, 16)).astype(np.float32)
+    fused = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert quantize.plain_layer_norms(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Sum", "LayerNormalization"]
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(Path(tempfile.mkdtemp()) / "loaded.onnx")
+    plain = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    assert np.abs(plain.run(None, {"x": x, "s": s})[0] - fused.run(None, {"x": x, "s": s})[0]).max() < 1e-5
+    total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [None, None, 16])
+    kept = graph(["y", "", "", "total"], [total])  # its input + skip + bias sum read too: not split
+    assert quantize.plain_layer_norms(kept) == 0
+
+
+def test_plain_gelu_computes_what_bias_gelu_does():
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    bias = onnx.numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "bias")
+    node = helper.make_node("BiasGelu", ["x", "bias"], ["y"], name="gelu", domain="com.microsoft")
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 8]) for n in ("x", "y")]
+    model = helper.make_model(helper.make_graph([node], "g", io[:1], io[1:], [bias]), ir_version=9,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    x = rng.normal(size=(3, 8)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert quantize.plain_gelu(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Sum", "Gelu"]
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got[0] - expected[0]).max() < 1e-6

@@ -2,7 +2,8 @@
 
 Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`), once for both:
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
-  and the fused attention but two early feed-forward outputs (`build_int8` says which and why);
+  and the fused attention, but two early feed-forward outputs quantised by blocks; two fusions that the
+  CPU provider runs slowly split back (`build_int8` says which and why);
 - fp16: weights and activations in float16 for GPUs, inputs and outputs unchanged (int64 in, float32
   out), pooling and L2 normalisation kept in float32 (`build_fp16`).
 Each variant's quality is measured against the fp32 graph the export just verified: cosine on a fixed
@@ -238,31 +239,136 @@ def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
         return fp32_graph
 
 
-#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` leaves in float32
-INT8_FLOAT32_FFN_OUTPUTS = (0, 2)
+#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` quantises by blocks
+INT8_BLOCKWISE_FFN_OUTPUTS = (0, 2)
+#: the block of weights (along the input dimension) that shares one scale in those MatMuls
+INT8_BLOCK_SIZE = 128
 
 
 def build_int8(source: Path, out: Path) -> None:
-    """Dynamic int8 quantisation of `source` (the fused graph), onnxruntime's defaults: weights per output
-    channel, symmetric int8; activations uint8 with one scale per tensor, computed per pass at run time;
-    the fused attention's QKV projection (QAttention) and the embedding tables (QEmbedLayerNormalization)
-    quantised too. All but the feed-forward output MatMuls of the layers in `INT8_FLOAT32_FFN_OUTPUTS`.
+    """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
+    call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
-    Those two MatMuls (of 18 in the default model) stay float32 because the feed-forward output takes the
-    GELU's long-tailed output, which one uint8 scale per tensor resolves worst, and an early layer's error
-    runs through every later one: with all quantised, mean cosine to fp32 on long texts (~128 tokens) was
-    0.9879; leaving one layer's feed-forward output in float32 gains 0.0018, 0.0011, 0.0015, 0.0005,
-    0.0002, 0.0001 for layers 0-5; layers 0 and 2 together give 0.9917 (short texts 0.9920 → 0.9941).
-    Leaving the QKV projections in float32 instead (quantising MatMuls only) reaches only 0.9904 with a
-    third more float32 FLOPs; reduce_range, symmetric activations, asymmetric weights, per-tensor weights
-    all lose more. Measured: RESULTS.md "int8 and fp16 variants" (`python -m benchmarks.int8_configs`)."""
+    - dynamic quantisation, onnxruntime's defaults: weights per output channel, symmetric int8; activations
+      uint8 with one scale per tensor, computed per pass at run time; the fused attention's QKV projection
+      (QAttention) and the embedding tables (QEmbedLayerNormalization) quantised too;
+    - but the feed-forward output MatMuls of the layers in `INT8_BLOCKWISE_FFN_OUTPUTS` as MatMulNBits with
+      8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute (accuracy_level 4), whose
+      activations are quantised per row and block: the feed-forward output takes the GELU's long-tailed output,
+      which one uint8 scale per tensor resolves worst, and an early layer's error runs through every later one
+      (all quantised per tensor: mean cosine to fp32 on long texts 0.9885-0.9892, under the gate; these two by
+      blocks: 0.9925, as with them in float32, which costs more: float32 GEMMs);
+    - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast (the same
+      values): SkipLayerNormalization (`plain_layer_norms`) and BiasGelu (`plain_gelu`).
+    Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
+    graph: long-text cosine 0.987), static QDQ, reduce_range, symmetric activations, asymmetric weights and
+    per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(source), load_external_data=False).graph
-    keep = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_FLOAT32_FFN_OUTPUTS]
-    quantize_dynamic(str(source), str(out), per_channel=True, weight_type=QuantType.QInt8, nodes_to_exclude=keep,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    blockwise = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_BLOCKWISE_FFN_OUTPUTS]
+    quantize_dynamic(str(source), str(out), per_channel=True, weight_type=QuantType.QInt8,
+                     nodes_to_exclude=blockwise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    model = onnx.load(str(out))
+    blockwise_int8(model, set(blockwise), INT8_BLOCK_SIZE)
+    plain_gelu(model)
+    plain_layer_norms(model)
+    onnx.save(model, str(out))
+    onnx.checker.check_model(str(out))
+
+
+def blockwise_int8(model, names: set[str], block_size: int) -> int:
+    """Replace the MatMuls named (each with a constant [K, N] weight) by com.microsoft MatMulNBits, 8 bits:
+    one float32 scale per `block_size` weights along K, symmetric (the default zero point, 128); int8 compute
+    (accuracy_level 4: the activations quantised per row and block). How many were replaced."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    nodes, replaced = [], 0
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and node.name in names else None
+        if weight is None or len(weight.dims) != 2:
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weight).astype(np.float32)
+        k, n = w.shape
+        blocks = -(-k // block_size)
+        padded = np.zeros((n, blocks * block_size), np.float32)
+        padded[:, :k] = w.T
+        padded = padded.reshape(n, blocks, block_size)
+        scale = np.abs(padded).max(axis=2) / 127
+        scale[scale == 0] = 1
+        q = (np.clip(np.round(padded / scale[:, :, None]), -127, 127) + 128).astype(np.uint8)
+        graph.initializer.extend([numpy_helper.from_array(q, f"{node.name}_B8"),
+                                  numpy_helper.from_array(scale.reshape(-1), f"{node.name}_scales")])
+        nodes.append(helper.make_node("MatMulNBits", [node.input[0], f"{node.name}_B8", f"{node.name}_scales"],
+                                      list(node.output), name=node.name, domain="com.microsoft", K=k, N=n, bits=8,
+                                      block_size=block_size, accuracy_level=4))
+        replaced += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if replaced and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return replaced
+
+
+def plain_layer_norms(model) -> int:
+    """Each com.microsoft SkipLayerNormalization as the sum and the LayerNormalization it fuses (Sum of input,
+    bias and skip, then LayerNormalization over the last axis), when only its first output is read; how many.
+
+    onnxruntime 1.31's CPU kernel for it took 13.8-17.5 ms on a [32, 128, 384] float32 batch where Sum +
+    LayerNormalization took 2.2-3.7 ms (2 threads, the 2-core EPYC; RESULTS.md): 12 of them were ~15 % of an
+    int8 pass on long texts. A Sum, not Adds: onnxruntime fuses Add + LayerNormalization back into
+    SkipLayerNormalization when it loads the graph, and has no such fusion for Sum."""
+    from onnx import helper
+
+    graph = model.graph
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft" or \
+                any(name in read for name in node.output[1:] if name):
+            nodes.append(node)
+            continue
+        x, skip, gamma = node.input[:3]
+        beta = node.input[3] if len(node.input) > 3 and node.input[3] else ""
+        bias = node.input[4] if len(node.input) > 4 and node.input[4] else ""
+        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        nodes.append(helper.make_node("Sum", [x] + ([bias] if bias else []) + [skip], [f"{node.name}_sum"],
+                                      name=f"{node.name}_sum"))
+        nodes.append(helper.make_node("LayerNormalization", [f"{node.name}_sum", gamma] + ([beta] if beta else []),
+                                      [node.output[0]], name=node.name, axis=-1, epsilon=epsilon))
+        count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
+
+
+def plain_gelu(model) -> int:
+    """Each com.microsoft BiasGelu as a Sum of its two inputs and a com.microsoft Gelu (the same erf GELU, the
+    same values); how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of CPU on a [32, 128, 1536] batch
+    where Sum + Gelu took 6.5 (one thread; 9.1 against 7.2 with two). A Sum, as in `plain_layer_norms`:
+    onnxruntime fuses Add + Gelu back into BiasGelu."""
+    from onnx import helper
+
+    nodes, count = [], 0
+    for node in model.graph.node:
+        if node.op_type != "BiasGelu" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        nodes.append(helper.make_node("Sum", list(node.input), [f"{node.name}_sum"], name=f"{node.name}_sum"))
+        nodes.append(helper.make_node("Gelu", [f"{node.name}_sum"], list(node.output), name=node.name,
+                                      domain="com.microsoft"))
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
 
 
 def ffn_outputs(graph) -> list[str]:
