@@ -257,7 +257,7 @@ def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_pat
     assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8"}
 
 
-def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path):
+def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path, caplog):
     from fastapi.testclient import TestClient
 
     from service.settings import Settings
@@ -270,7 +270,13 @@ def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_di
     with TestClient(app_in_process(Settings(model_dir=default_export, variant="fp16"))) as c:
         assert c.get("/info").json()["model_dtype"] == "float16"
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
-    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e", fp16=False)
-    with pytest.raises(ValueError, match="has no fp16 variant"), \
-            TestClient(app_in_process(Settings(model_dir=tmp_path / "e", variant="fp16"))):
-        pass
+    # a variant the export lacks: served in fp32, with a log line that says why
+    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e", fp16=False,
+                int8=False)
+    for variant in ("fp16", "int8"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sembed.engine"), \
+                TestClient(app_in_process(Settings(model_dir=tmp_path / "e", variant=variant))) as c:
+            assert c.get("/info").json()["model_dtype"] == "float32"
+            assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 32
+        assert f"has no {variant} variant" in caplog.text and "serving fp32" in caplog.text

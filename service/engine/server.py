@@ -194,10 +194,16 @@ class EngineServer:
 
 
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:
-    """The variant asked for; unset, fp16 on a GPU when the export has one (only a variant that passed its
-    quality gate is in the manifest), else fp32."""
+    """The variant asked for (fp32 where the export lacks it); unset, fp16 on a GPU when the export has one
+    (only a variant that passed its quality gate is in the manifest), else fp32."""
     if settings.variant is not None:
-        return settings.variant
+        if settings.variant == "fp32" or settings.variant in (Manifest.load(Path(export_dir)).variants or {}):
+            return settings.variant
+        # a reduced-precision graph is a speed-up the export may lack (not written, or refused by its quality
+        # gate): the model is still served, in fp32
+        log.warning("SEMBED_VARIANT=%s, but the export at %s has no %s variant (not exported, or it failed its "
+                    "quality gate at export): serving fp32", settings.variant, export_dir, settings.variant)
+        return "fp32"
     if settings.device == "cuda" and settings.backend == "onnx":
         return "fp16" if "fp16" in (Manifest.load(Path(export_dir)).variants or {}) else "fp32"
     return "fp32"
