@@ -27,7 +27,8 @@ class Settings(BaseSettings):
                                                      "fake: a model-free backend for tests")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
     variant: Literal["fp32", "int8", "fp16"] | None = Field(None, description="which graph of the export to run "
-                                                            "(its manifest lists what it has); unset: fp16 on cuda "
+                                                            "(its manifest lists what it has; one it lacks is served "
+                                                            "as fp32, with a warning); unset: fp16 on cuda "
                                                             "where the export has one (written only when it passed "
                                                             "its quality gate), else fp32")
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "
