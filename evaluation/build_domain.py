@@ -12,11 +12,19 @@ Written under --out:
                          synset's definition. Telling apart the many senses of the same headword is the
                          task. dev and test hold different synsets (seeded shuffle), so selecting on dev
                          does not tune to the test senses.
+  pairs/train.csv        the supervised twin, for a user with labelled pairs: SimCSE's NLI CSV
+                         (sent0,sent1,hard_neg) with sent0 = a usage example, sent1 = its synset's
+                         document (headwords and definition, as the corpus holds it) and hard_neg = the
+                         document of another synset of the domain sharing a headword (another sense of
+                         the same word); only synsets that are neither dev nor test queries, for the
+                         example, the positive and the hard negative alike. `--train-data
+                         nli-csv:<out>/pairs/train.csv` feeds CLSR and CoSENT.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import random
 import re
 import sys
@@ -79,6 +87,31 @@ def build(wordnet_dir: str | Path, lexfiles: list[str], n_dev: int, n_test: int,
     return lines, data, dev_qrels, test_qrels
 
 
+def supervised_pairs(synsets: list[tuple[str, list[str], str, list[str]]], held_out: set[str],
+                     seed: int = 42) -> list[tuple[str, str, str]]:
+    """(usage example, its synset's document, another sense's document) for every usage example of a
+    synset outside `held_out` that shares a headword with another synset outside `held_out`."""
+    kept = [s for s in synsets if s[0] not in held_out]
+    doc = {sid: beir.BeirSet.document_text({"title": " ".join(words), "text": definition})
+           for sid, words, definition, _ in kept}
+    senses: dict[str, list[str]] = {}
+    for sid, words, _, _ in kept:
+        for w in words:
+            senses.setdefault(w.lower(), []).append(sid)
+    # WordNet repeats a few usage examples under several synsets: never train on a held-out one's
+    asked = {ex for sid, _, _, examples in synsets if sid in held_out for ex in examples}
+    rng = random.Random(seed)
+    rows = []
+    for sid, words, _, examples in kept:
+        others = sorted({o for w in words for o in senses[w.lower()] if o != sid})
+        if not others:
+            continue
+        for example in examples:
+            if example not in asked:
+                rows.append((example, doc[sid], doc[rng.choice(others)]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wordnet-dir", default="/usr/share/wordnet", help="holds data.noun, data.verb, ...")
@@ -89,13 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     lines, data, dev_qrels, test_qrels = build(args.wordnet_dir, args.lexfiles, args.dev, args.test, args.seed)
+    held_out = {sid for qrels in (dev_qrels, test_qrels) for judged in qrels.values() for sid in judged}
+    pairs = supervised_pairs(read_synsets(args.wordnet_dir, args.lexfiles), held_out, args.seed)
     for split, qrels in (("dev", dev_qrels), ("test", test_qrels)):
         data.qrels = qrels
         beir.write(args.out, data, split=split)
     (args.out / "text").mkdir(exist_ok=True)
     (args.out / "text" / "definitions.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (args.out / "pairs").mkdir(exist_ok=True)
+    with open(args.out / "pairs" / "train.csv", "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sent0", "sent1", "hard_neg"])
+        writer.writerows(pairs)
     print(f"{args.out}: {len(data.corpus)} documents (also text/definitions.txt), "
-          f"{len(dev_qrels)} dev and {len(test_qrels)} test queries")
+          f"{len(dev_qrels)} dev and {len(test_qrels)} test queries, {len(pairs)} labelled pairs (pairs/train.csv)")
     return 0
 
 

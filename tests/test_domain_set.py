@@ -53,3 +53,27 @@ def test_a_text_folder_reads_every_txt_file_in_order(tmp_path):
     (folder / "readme.md").write_text("not text data\n")
     assert load_examples("unlabeled", f"text:{folder}") == ["first line", "second line", "third line"]
     assert load_examples("unlabeled", "text:my-notes", data_dir=tmp_path, limit=2) == ["first line", "second line"]
+
+
+def test_the_supervised_twin_holds_only_synsets_outside_dev_and_test(domain):
+    from core.data import PairExample
+
+    pairs = load_examples("pairs", f"nli-csv:{domain / 'pairs' / 'train.csv'}")
+    assert pairs and all(isinstance(p, PairExample) and p.negative for p in pairs)
+    synsets = read_synsets(WORDNET, ["verb.contact"])
+    held = {sid for split in ("dev", "test") for q in beir.load(domain, split).qrels.values() for sid in q}
+    corpus = beir.load(domain, "test").corpus
+    doc = {sid: beir.BeirSet.document_text(corpus[sid]) for sid in corpus}
+    by_doc = {text: sid for sid, text in doc.items()}
+    examples: dict[str, set[str]] = {}  # WordNet repeats a few usage examples under several synsets
+    for sid, _, _, exs in synsets:
+        for ex in exs:
+            examples.setdefault(ex, set()).add(sid)
+    words = {sid: {w.lower() for w in ws} for sid, ws, _, _ in synsets}
+    for p in pairs:
+        positive, negative = by_doc[p.positive], by_doc[p.negative]
+        assert positive in examples[p.anchor]  # the example's own sense
+        assert not {positive, negative} & held and positive != negative
+        assert words[positive] & words[negative]  # another sense of a shared headword
+    queries = set(beir.load(domain, "dev").queries.values()) | set(beir.load(domain, "test").queries.values())
+    assert not queries & {p.anchor for p in pairs}
