@@ -151,3 +151,82 @@ def test_training_does_not_import_evaluation_at_import_time():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluation'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---------- keeping a later checkpoint only beyond noise ----------
+def test_keep_rule_first_evaluation_is_the_base_and_a_lower_score_never_wins():
+    from training.selection import KeepRule
+
+    rule = KeepRule()
+    assert rule.decide(40.0, float("-inf"), None).keep
+    assert not rule.decide(41.0, 42.0, 40.0).keep
+
+
+def test_keep_rule_margin_is_points_over_the_base():
+    from training.selection import KeepRule
+
+    rule = KeepRule(margin=1.0)
+    small, large = rule.decide(40.9, 40.0, 40.0), rule.decide(41.5, 40.0, 40.0)
+    assert not small.keep and "margin" in small.rule
+    assert large.keep and "+1.50" in large.rule
+
+
+def test_paired_bootstrap_refuses_noise_and_keeps_a_real_gain():
+    from training.selection import KeepRule, paired_bootstrap_lower
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 100, 150)
+    noise = base + rng.normal(0.2, 30, 150)  # +0.2 on average, 30 points of per-query noise: no evidence
+    real = base + rng.normal(5.0, 10, 150)  # +5 on average with less noise
+    rule = KeepRule()
+    refused = rule.decide(float(noise.mean()), float(base.mean()), float(base.mean()), list(noise), list(base))
+    kept = rule.decide(float(real.mean()), float(base.mean()), float(base.mean()), list(real), list(base))
+    assert not refused.keep and "paired bootstrap over 150 dev items" in refused.rule
+    assert kept.keep and "lower bound" in kept.rule
+    # the bound is a quantile of resampled mean gains: below the observed gain, deterministic for a seed
+    low = paired_bootstrap_lower(list(real), list(base))
+    assert 0 < low < real.mean() - base.mean() and low == paired_bootstrap_lower(list(real), list(base))
+
+
+def test_keep_rule_without_item_scores_keeps_any_higher_score():
+    from training.selection import KeepRule
+
+    decision = KeepRule().decide(40.1, 40.0, 40.0)
+    assert decision.keep and "no per-item" in decision.rule
+
+
+def test_retrieval_evaluator_gives_a_score_per_query(tiny_encoder, tmp_path):
+    ev = make_evaluator(f"retrieval:{_beir_set(tmp_path / 'a')}")
+    assert ev(tiny_encoder) == pytest.approx(100.0)
+    assert ev.item_scores == pytest.approx([100.0] * 4)
+
+
+class ScriptedItems(Scripted):
+    """Per-item scores too: the mean is the score, as a retrieval evaluator's."""
+
+    def __call__(self, encoder):
+        self.item_scores = self.scores.pop(0)
+        return float(np.mean(self.item_scores))
+
+
+def test_trainer_refuses_a_gain_it_cannot_tell_from_noise_and_logs_the_rule(tiny_model_dir, shared_data, tmp_path):
+    from training.config import make_config
+    from training.trainer import train
+
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0, 100, 150)
+    noisy = list(base + rng.normal(1.0, 40, 150))
+    cfg = make_config("simcse", "quick", base_model=str(tiny_model_dir), data_dir=shared_data,
+                      train_data="text:corpus/wordnet-sentences.txt", train_limit=16, batch_size=8, epochs=1,
+                      max_steps=2, eval_every=2, max_seq_length=16)
+    lines = []
+    result = train(cfg, tmp_path / "run", log=lines.append, evaluator=ScriptedItems([list(base), noisy]))
+    assert result.best_step == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["kept"]) for r in rows if "dev" in r] == [(0, True), (2, False)]
+    assert any("paired bootstrap" in line and "not kept" in line for line in lines)
+    assert "decided by: first evaluation" in lines[-1]
+
+    cfg.select_margin = -100.0  # a user-set margin decides instead
+    result = train(cfg, tmp_path / "margin", log=lines.append, evaluator=ScriptedItems([list(base), noisy]))
+    assert result.best_step == 2 and "decided by: margin" in lines[-1]

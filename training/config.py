@@ -48,6 +48,10 @@ class TrainConfig:
     eval_every: int = 125  # evaluate on the dev set (and checkpoint) every N `eval_unit`s
     eval_unit: str = "steps"  # steps (the papers' 125) | epochs (CLSR: 2000 epochs)
     select: str = "stsb-dev"  # what picks the best checkpoint: training.selection.make_evaluator
+    # A later checkpoint replaces the base only with a dev gain beyond noise (training.selection.KeepRule):
+    # more than select_margin points, or (None) a paired bootstrap over dev items at select_confidence.
+    select_margin: float | None = None
+    select_confidence: float = 0.95
     seed: int = 42
     num_workers: int = 0
     # The objective's settings dataclass (training/objectives/<method>.py); a mapping given here (a preset's or

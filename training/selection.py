@@ -7,6 +7,13 @@
                                             sentence1, sentence2, score rows (a header row is skipped)
     --select last                           no dev set: the last evaluation always wins
 
+Which evaluation becomes best/ (`KeepRule`, TrainConfig's `select_margin` / `select_confidence`): the
+first (step 0, the base model) always; a later one only when it scores above the current best *and*
+its gain over the base is beyond noise: with `select_margin` set, a gain above that many points; else,
+where the evaluator gives a score per dev item (retrieval: each query's nDCG@10), a paired bootstrap
+over those items whose one-sided `select_confidence` lower bound of the gain is above 0; else (STS
+Spearman, last) any higher score. The log and metrics.jsonl say which rule decided and why.
+
 The trainer sees only the `Evaluator` protocol (a name, and `evaluator(encoder) -> float`, higher is
 better), as sentence-transformers' trainer takes a SentenceEvaluator. The measurements come from the
 shared layer below training and evaluation (core.sts: STS Spearman; core.beir + core.ranking: BEIR
@@ -21,13 +28,16 @@ from __future__ import annotations
 import csv
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from core import beir
 from core.data import GET_DATA, DataNotFound
 from core.encoder import SentenceEncoder
-from core.ranking import evaluate_run, search_in_process
+from core.ranking import evaluate_run, per_query, search_in_process
 from core.sts import StsTask, score_task, score_task_pairs, stsb_dev_pair_spearman, stsb_dev_spearman
 
 EVAL_BATCH_SIZE = 128  # inference only: larger batches than training, still small on a CPU
@@ -102,7 +112,58 @@ class RetrievalNdcg:
         if hasattr(encoder, "score_pairs"):
             raise ValueError(f"{self.name} needs embeddings; a cross-encoder is selected with stsb-dev or pairs:")
         run = search_in_process(_Embedder(encoder), self.data, depth=RETRIEVAL_DEPTH)
+        values = per_query(self.data.qrels, run)
+        self.item_scores = [100 * values[q]["nDCG@10"] for q in sorted(values)]  # paired across evaluations
         return 100 * evaluate_run(self.data.qrels, run)["nDCG@10"]
+
+
+#: one-sided confidence of the paired bootstrap (TrainConfig.select_confidence): 95 %, the usual test level
+BOOTSTRAP_CONFIDENCE = 0.95
+#: resamples of the dev items (pairs kept): enough for a stable 5 % quantile on a few hundred queries
+BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    rule: str  # which rule decided, with its numbers: goes to the log and metrics.jsonl
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    """Whether an evaluation replaces best/ (module docstring). margin: points over the base, or None for the
+    paired bootstrap (when the evaluator gives per-item scores, else any higher score)."""
+
+    margin: float | None = None
+    confidence: float = BOOTSTRAP_CONFIDENCE
+    resamples: int = BOOTSTRAP_RESAMPLES
+    seed: int = 0
+
+    def decide(self, score: float, best: float, base: float | None,
+               items: list[float] | None = None, base_items: list[float] | None = None) -> Decision:
+        if base is None or not math.isfinite(best):
+            return Decision(True, "first evaluation: the base model")
+        if score <= best:
+            return Decision(False, f"not above the best so far ({score:.2f} ≤ {best:.2f})")
+        gain = score - base
+        if self.margin is not None:
+            keep = gain > self.margin
+            return Decision(keep, f"margin: gain over base {gain:+.2f} {'>' if keep else '≤'} {self.margin:g}")
+        if items is None or base_items is None or len(items) != len(base_items) or len(items) < 2:
+            return Decision(True, "higher score (no per-item dev scores for a noise test)")
+        low = paired_bootstrap_lower(items, base_items, self.confidence, self.resamples, self.seed)
+        keep = low > 0
+        return Decision(keep, f"paired bootstrap over {len(items)} dev items: gain over base {gain:+.2f}, "
+                              f"{self.confidence:.0%} lower bound {low:+.2f} {'>' if keep else '≤'} 0")
+
+
+def paired_bootstrap_lower(items: list[float], base_items: list[float], confidence: float = BOOTSTRAP_CONFIDENCE,
+                           resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> float:
+    """One-sided lower confidence bound of mean(items − base_items), resampling the items (pairs kept)."""
+    diff = np.asarray(items, dtype=np.float64) - np.asarray(base_items, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(1)
+    return float(np.quantile(means, 1 - confidence))
 
 
 class Last:

@@ -47,7 +47,7 @@ from training.resume import (
     truncate_metrics,
 )
 from training.sampling import make_batch_sampler
-from training.selection import Evaluator, make_evaluator
+from training.selection import Evaluator, KeepRule, make_evaluator
 
 
 @dataclass
@@ -190,6 +190,9 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
             objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
 
     step, best_dev, best_step, epoch = 0, -math.inf, 0, 0
+    keep_rule = KeepRule(margin=cfg.select_margin, confidence=cfg.select_confidence, seed=cfg.seed)
+    base_items: list[float] | None = None  # the base model's per-item dev scores, for the paired bootstrap
+    best_rule = ""
     micro, seen = 0, 0  # micro-batches in all; batches of this epoch consumed
     best_dir, ckpt = run_dir / "best", run_dir / CHECKPOINT
     metrics_path = run_dir / "metrics.jsonl"
@@ -200,6 +203,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
         scaler.load_state_dict(state["scaler"])
         step, best_dev, best_step, epoch = state["step"], state["best_dev"], state["best_step"], state["epoch"]
         micro, seen, initial_dev = state["micro"], state["batches_in_epoch"], state["initial_dev"]
+        base_items, best_rule = state.get("base_items"), state.get("best_rule", "")
         if seen >= len(loader):
             epoch, seen = epoch + 1, 0
         rngs = state["rng"]
@@ -219,6 +223,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
                              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
                              "step": step, "epoch": epoch, "batches_in_epoch": seen, "micro": micro,
                              "best_dev": best_dev, "best_step": best_step, "initial_dev": initial_dev,
+                             "base_items": base_items, "best_rule": best_rule,
                              "rng": rngs, "config": cfg.to_json()}, ckpt)
 
     def record(entry: dict[str, Any]) -> None:
@@ -227,11 +232,18 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
                 f.write(json.dumps(entry) + "\n")
 
     def evaluate() -> float:
-        nonlocal best_dev, best_step
+        nonlocal best_dev, best_step, base_items, best_rule
         dev = float(evaluator(objective.inference_encoder()))
-        record({"step": step, "dev": dev, "select": evaluator.name})
-        if dev > best_dev:
-            best_dev, best_step = dev, step
+        items = getattr(evaluator, "item_scores", None)
+        first = not math.isfinite(best_dev)
+        decision = keep_rule.decide(dev, best_dev, None if first else initial_dev, items, base_items)
+        if first:
+            base_items = None if items is None else list(items)
+        record({"step": step, "dev": dev, "select": evaluator.name, "kept": decision.keep, "rule": decision.rule})
+        log(f"[select] step {step}: {evaluator.name} {dev:.2f} {'kept' if decision.keep else 'not kept'}"
+            f" ({decision.rule})")
+        if decision.keep:
+            best_dev, best_step, best_rule = dev, step, decision.rule
             objective.inference_encoder().save_pretrained(best_dir)
         return dev
 
@@ -306,7 +318,7 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
         plot_metrics(metrics_path, run_dir / "metrics.png", title=f"{cfg.method} ({cfg.preset})",
                      dev_label=evaluator.name)
         log(f"[train] {step} steps in {seconds:.0f}s; best {evaluator.name} {best_dev:.2f} at step {best_step} "
-            f"(start {initial_dev:.2f})")
+            f"(start {initial_dev:.2f}; decided by: {best_rule})")
     if world > 1:
         dist.barrier()  # the other ranks wait for rank 0's last evaluation and checkpoint
     return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds, is_main=main,
