@@ -176,8 +176,9 @@ def test_paired_bootstrap_refuses_noise_and_keeps_a_real_gain():
 
     rng = np.random.default_rng(0)
     base = rng.uniform(0, 100, 150)
-    noise = base + rng.normal(0.2, 30, 150)  # +0.2 on average, 30 points of per-query noise: no evidence
-    real = base + rng.normal(5.0, 10, 150)  # +5 on average with less noise
+    centred = lambda sd: (e := rng.normal(0, sd, 150)) - e.mean()  # noqa: E731
+    noise = base + 0.2 + centred(30)  # +0.2 on average, 30 points of per-query noise: no evidence
+    real = base + 5.0 + centred(10)  # +5 on average with less noise
     rule = KeepRule()
     refused = rule.decide(float(noise.mean()), float(base.mean()), float(base.mean()), list(noise), list(base))
     kept = rule.decide(float(real.mean()), float(base.mean()), float(base.mean()), list(real), list(base))
@@ -215,7 +216,8 @@ def test_trainer_refuses_a_gain_it_cannot_tell_from_noise_and_logs_the_rule(tiny
 
     rng = np.random.default_rng(1)
     base = rng.uniform(0, 100, 150)
-    noisy = list(base + rng.normal(1.0, 40, 150))
+    e = rng.normal(0, 40, 150)
+    noisy = list(base + 1.0 + e - e.mean())  # +1.0 on average, 40 points of per-query noise
     cfg = make_config("simcse", "quick", base_model=str(tiny_model_dir), data_dir=shared_data,
                       train_data="text:corpus/wordnet-sentences.txt", train_limit=16, batch_size=8, epochs=1,
                       max_steps=2, eval_every=2, max_seq_length=16)
