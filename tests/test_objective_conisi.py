@@ -458,3 +458,44 @@ def test_roberta_pairs_use_double_separator(tiny_roberta_dir):
     out = obj(batch)
     out["loss"].backward()
     assert torch.isfinite(out["loss"]) and obj.classifier.weight.grad.abs().sum() > 0
+
+
+# ---------- ablation switches (issue 23) ----------
+def test_lambda_zero_is_the_contrastive_loss_alone_and_never_encodes_z(tiny_encoder):
+    obj = ConIsI(tiny_encoder, ConIsISettings(interactive_weight=0.0))
+    obj.train()
+    tiny_encoder.eval()
+    batch = obj.collate(TEXTS, generator=torch.Generator().manual_seed(0))
+    rows = []
+    hook = tiny_encoder.register_forward_hook(lambda m, a, kw, out: rows.append(len(out)), with_kwargs=True)
+    try:
+        out = obj(batch)
+    finally:
+        hook.remove()
+    assert rows == [len(TEXTS), len(TEXTS)]  # x, then Y only
+    assert set(out) == {"loss", "loss_contrastive"} and out["loss"].item() == pytest.approx(
+        out["loss_contrastive"].item())
+    separate = ConIsI(tiny_encoder, ConIsISettings(interactive_weight=0.0, batchnorm="separate"))
+    separate.train()
+    h = torch.randn(4, tiny_encoder.dim)
+    assert separate.losses(h, h + 0.1, h[:0])["loss"].item() == pytest.approx(  # Z plays no part
+        separate.losses(h, h + 0.1, torch.randn(4, tiny_encoder.dim))["loss"].item())
+
+
+def test_dropout_positive_is_x_again_and_the_classifier_still_sees_y_and_z(tiny_encoder):
+    obj = ConIsI(tiny_encoder, ConIsISettings(positive="dropout", interactive_weight=0.3, batchnorm="separate"))
+    obj.train()
+    params = randomise_heads(obj)
+    rng = np.random.default_rng(0)
+    hx, hplus, hy, hz = (rng.normal(size=(5, 32)) for _ in range(4))
+    t = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    out = obj.losses(t(hx), t(hy), t(hz), positive=t(hplus))
+    cl, _ = np_conisi(hx, hplus, hz, params, "separate")  # ℓI against x⁺ ...
+    _, inter_y = np_conisi(hx, hy, hz, params, "separate")  # ... ℓII on Y and Z
+    assert out["loss_contrastive"].item() == pytest.approx(cl, rel=1e-4, abs=1e-5)
+    assert out["loss_interactive"].item() == pytest.approx(inter_y, rel=1e-4, abs=1e-5)
+    assert out["loss"].item() == pytest.approx(0.7 * cl + 0.3 * inter_y, rel=1e-4, abs=1e-5)
+    obj(obj.collate(TEXTS))["loss"].backward()  # the whole path runs and reaches the encoder
+    assert tiny_encoder.transformer.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="positive"):
+        ConIsI(tiny_encoder, ConIsISettings(positive="other"))

@@ -82,6 +82,7 @@ from training.objectives.base import Objective, ObjectiveSettings
 from training.objectives.losses import info_nce
 
 STRATEGIES = ("o1", "o2", "s")
+POSITIVES = ("pair", "dropout")
 BATCHNORM_MODES = ("joint", "separate")
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
@@ -98,6 +99,7 @@ class ConIsISettings(ObjectiveSettings):
     """ConIsI's settings (`--objective key=value`); the defaults are the paper's, see ConIsI."""
 
     strategy: str = "s"
+    positive: str = "pair"
     interactive_weight: float | None = None
     temperature: float = 0.05
     pooling: str | None = "cls"
@@ -123,12 +125,15 @@ class ConIsI(Objective):
         super().__init__(encoder, settings)
         if settings.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {settings.strategy!r}; choose from {STRATEGIES}")
+        if settings.positive not in POSITIVES:
+            raise ValueError(f"unknown positive {settings.positive!r}; choose from {POSITIVES}")
         if settings.batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"unknown batchnorm {settings.batchnorm!r}; choose from {BATCHNORM_MODES}")
         if settings.pooling is not None:
             encoder.pooling = settings.pooling
         config = encoder.transformer.config
         self.strategy = settings.strategy
+        self.positive = settings.positive
         self.interactive_weight = (
             default_interactive_weight(config) if settings.interactive_weight is None
             else float(settings.interactive_weight)
@@ -218,36 +223,68 @@ class ConIsI(Objective):
     # ---- losses ----
     def project(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
         """g(h) = ELU(BN(W1·h + b1)) for the three groups (Eq. 2 / Eq. 6)."""
-        if self.sync_batchnorm and self.training and is_distributed():
-            # the head over every rank's rows (autograd gather), then this rank's rows back
-            rows = [len(h) for h in (h_x, h_y, h_z)]
-            whole = self._project_local(*(gather_with_grad(h) for h in (h_x, h_y, h_z)))
-            return [local_slice(g, n) for g, n in zip(whole, rows)]
-        return self._project_local(h_x, h_y, h_z)
+        # with sync_batchnorm on several GPUs: the head over every rank's rows (autograd gather), then this rank's
+        return self._project_groups(h_x, h_y, h_z)
 
-    def _project_local(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
+    def _project_local(self, *groups: torch.Tensor) -> list[torch.Tensor]:
         if self.batchnorm == "joint":
-            return list(self.head(torch.cat([h_x, h_y, h_z])).split([len(h_x), len(h_y), len(h_z)]))
-        return [self.head(h) for h in (h_x, h_y, h_z)]
+            return list(self.head(torch.cat(groups)).split([len(h) for h in groups]))
+        return [self.head(h) if len(h) else h.new_zeros(0, self.head[0].out_features) for h in groups]
 
-    def losses(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Eq. 2–10 from the pooled states of x, Y and Z ([N, d] each)."""
-        g_x, g_y, g_z = self.project(h_x, h_y, h_z)
-        contrastive = info_nce(g_x, g_y, self.temperature)  # Eq. 3–4
-        r_y, r_z = self.classifier(g_y).float(), self.classifier(g_z).float()  # Eq. 7
-        interactive = F.softplus(r_z - r_y).mean()  # Eq. 8–9: −log e^rY/(e^rY + e^rZ)
+    def _project_groups(self, *groups: torch.Tensor) -> list[torch.Tensor]:
+        """`project` for any number of groups (positive="dropout" has four: x, x⁺, Y, Z)."""
+        if self.sync_batchnorm and self.training and is_distributed():
+            whole = self._project_local(*(gather_with_grad(h) for h in groups))
+            return [local_slice(g, len(h)) for g, h in zip(whole, groups)]
+        return self._project_local(*groups)
+
+    def terms(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor,
+              positive: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(ℓI mean (Eq. 3–4), ℓII mean (Eq. 8–9) or None when λ = 0, r_Y − r_Z or None), with their graphs.
+
+        `positive`: the contrastive key of x_i instead of Y_i (positive="dropout": x again); Y and Z
+        still feed the classifier.
+        """
+        if positive is None:
+            g_x, g_y, g_z = self.project(h_x, h_y, h_z)
+            g_key = g_y
+        else:
+            g_x, g_key, g_y, g_z = self._project_groups(h_x, positive, h_y, h_z)
+        contrastive = info_nce(g_x, g_key, self.temperature)  # Eq. 3–4
+        if not self.interactive_weight:
+            return contrastive, None, None
+        margin = (self.classifier(g_y).float() - self.classifier(g_z).float())  # r_Y − r_Z (Eq. 7)
+        return contrastive, F.softplus(-margin).mean(), margin  # Eq. 8–9: −log e^rY/(e^rY + e^rZ)
+
+    def losses(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor,
+               positive: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Eq. 2–10 from the pooled states of x, Y and Z ([N, d] each; Z empty when λ = 0)."""
+        contrastive, interactive, margin = self.terms(h_x, h_y, h_z, positive)
+        if interactive is None:
+            return {"loss": contrastive, "loss_contrastive": contrastive.detach()}
         lam = self.interactive_weight
         return {
             "loss": (1 - lam) * contrastive + lam * interactive,  # Eq. 10
             "loss_contrastive": contrastive.detach(),
             "loss_interactive": interactive.detach(),
-            "interactive_acc": (r_y > r_z).float().mean().detach(),
+            "interactive_acc": (margin > 0).float().mean().detach(),
+            "interactive_margin": margin.mean().detach(),
         }
 
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        h_x = self.encoder(**batch["single"])  # encoder 1
-        h_y, h_z = self.encoder(**batch["pairs"]).chunk(2)  # encoder 2 (same weights)
-        return self.losses(h_x, h_y, h_z)
+        single = batch["single"]
+        if self.positive == "dropout":  # x twice in one pass: two dropout masks (SimCSE's positive)
+            single = {k: torch.cat([v, v]) for k, v in single.items()}
+        h_single = self.encoder(**single)  # encoder 1
+        if not self.interactive_weight:  # λ = 0: no classifier, so Z is never encoded
+            h_y = self.encoder(**{k: v[: len(v) // 2] for k, v in batch["pairs"].items()})
+            h_z = h_y[:0]
+        else:
+            h_y, h_z = self.encoder(**batch["pairs"]).chunk(2)  # encoder 2 (same weights)
+        if self.positive == "dropout":
+            h_x, h_plus = h_single.chunk(2)
+            return self.losses(h_x, h_y, h_z, positive=h_plus)
+        return self.losses(h_single, h_y, h_z)
 
     def inference_encoder(self) -> SentenceEncoder:
         return self.encoder  # [CLS] of the single sentence, no CL head or classifier (§4.2)
