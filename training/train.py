@@ -59,6 +59,8 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--select", help="what picks the best checkpoint: stsb-dev (default), "
                         "retrieval:<BEIR folder>[:split] (nDCG@10), pairs:<tsv of sentence1, sentence2, score> "
                         "(Spearman), last")
+    parser.add_argument("--no-export", dest="export", action="store_false",
+                        help="train and keep runs/<run>/best only (no ONNX export): for ablations")
     parser.add_argument("--resume", type=Path, help="run directory to resume from, with its config")
     parser.add_argument("--allow-config-change", action="store_true",
                         help="resume even though the options given change the run's config")
@@ -89,14 +91,14 @@ def build_config(argv: list[str] | None = None) -> TrainConfig:
     return dataclasses.replace(saved, objective={**dataclasses.asdict(saved.objective), **objective}, **overrides)
 
 
-def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
-    """The export directory (None on ranks other than 0 of a multi-process run)."""
+def train_and_export(cfg: TrainConfig, log=print, export: bool = True) -> Path | None:
+    """The export directory (None on ranks other than 0 of a multi-process run, or without `export`)."""
     from training.trainer import train
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = cfg.resume or cfg.runs_dir / f"{cfg.method}-{stamp}"
     result = train(cfg, run_dir, log=log, evaluator=make_evaluator(cfg.select, cfg.data_dir))
-    if not result.is_main:
+    if not result.is_main or not export:
         return None
     load = CrossEncoder if is_cross_encoder_dir(result.best_dir) else SentenceEncoder
     encoder = load.from_pretrained(result.best_dir)
@@ -120,8 +122,9 @@ def train_and_export(cfg: TrainConfig, log=print) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        train_and_export(build_config(argv))
+        train_and_export(build_config(argv), export="--no-export" not in argv)
     except DataNotFound as e:  # says which command gets the data: a traceback would bury that
         raise SystemExit(f"error: {e}") from None
     return 0
