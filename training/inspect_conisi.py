@@ -1,6 +1,6 @@
 """What ConIsI's sentence construction makes of your text, before you train on it (issue 23).
 
-    python -m training.augment.inspect_pairs --text data/domain/verb-contact/text --strategy s o1 o2
+    python -m training.inspect_conisi --text data/domain/verb-contact/text --strategy s o1 o2
 
 For each strategy it collates the text in training batches (ConIsI.collate, the exact pairs the
 loss sees), prints a sample of x, its positive pair Y = [x; x] and its composed pair Z = [x; c] as
