@@ -272,3 +272,22 @@ def test_paper_preset_is_the_papers_setting(tmp_path):
     pairs = load_examples("pairs", cfg.train_data, tmp_path)
     entailments = [(p, h) for rows in (SNLI_ROWS["train"], MNLI_ROWS["train"]) for p, h, y in rows if y == "entailment"]
     assert [(p.anchor, p.positive) for p in pairs] == entailments
+
+
+def test_identity_init_starts_at_the_base_model_and_saves_as_dense(tiny_encoder, tmp_path):
+    texts = [PAIRS[0].anchor, PAIRS[3].positive]
+    tiny_encoder.pooling = "mean"
+    base = tiny_encoder.encode(texts, normalize=False)
+    obj = CLSR(tiny_encoder, CLSRSettings(identity_init=True, proj_dim=6))
+    enc = obj.inference_encoder()
+    assert enc.dim == tiny_encoder.dim and obj.h.in_features == tiny_encoder.dim
+    np.testing.assert_allclose(enc.encode(texts, normalize=False), base, rtol=1e-5, atol=1e-6)
+    enc.save_pretrained(tmp_path / "clsr")
+    np.testing.assert_allclose(SentenceEncoder.from_pretrained(tmp_path / "clsr").encode(texts, normalize=False),
+                               base, rtol=1e-5, atol=1e-6)
+    obj.prepare(PAIRS, CPU)
+    obj.train()
+    obj(obj.collate(PAIRS))["loss"].backward()  # e trains from there
+    assert obj.e[0].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="output_relu"):
+        CLSR(tiny_encoder, CLSRSettings(identity_init=True, output_relu=True))
