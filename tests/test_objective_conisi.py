@@ -499,3 +499,16 @@ def test_dropout_positive_is_x_again_and_the_classifier_still_sees_y_and_z(tiny_
     assert tiny_encoder.transformer.embeddings.word_embeddings.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="positive"):
         ConIsI(tiny_encoder, ConIsISettings(positive="other"))
+
+
+def test_dropout_positive_without_the_classifier_encodes_no_pair(tiny_encoder):
+    obj = ConIsI(tiny_encoder, ConIsISettings(positive="dropout", interactive_weight=0.0))
+    obj.train()
+    rows = []
+    hook = tiny_encoder.register_forward_hook(lambda m, a, kw, out: rows.append(len(out)), with_kwargs=True)
+    try:
+        out = obj(obj.collate(TEXTS))
+    finally:
+        hook.remove()
+    assert rows == [2 * len(TEXTS)] and set(out) == {"loss", "loss_contrastive"}  # x twice, one pass
+    out["loss"].backward()

@@ -276,7 +276,9 @@ class ConIsI(Objective):
         if self.positive == "dropout":  # x twice in one pass: two dropout masks (SimCSE's positive)
             single = {k: torch.cat([v, v]) for k, v in single.items()}
         h_single = self.encoder(**single)  # encoder 1
-        if not self.interactive_weight:  # λ = 0: no classifier, so Z is never encoded
+        if not self.interactive_weight and self.positive == "dropout":  # no pair plays any part
+            h_y = h_z = h_single[:0]
+        elif not self.interactive_weight:  # λ = 0: no classifier, so Z is never encoded
             h_y = self.encoder(**{k: v[: len(v) // 2] for k, v in batch["pairs"].items()})
             h_z = h_y[:0]
         else:
