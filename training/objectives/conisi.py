@@ -31,7 +31,14 @@ Readings where the paper is ambiguous (all ConIsISettings fields):
   the Y-vs-Z mean difference the classifier needs survives normalisation); "separate" normalises
   each group with its own batch statistics.
 - λ (`interactive_weight`). Table 3: 0.8 for BERT-base, 0.1 for RoBERTa-base and for BERT-large.
-  None picks 0.1 for RoBERTa-family encoders and for hidden size ≥ 1024, else 0.8.
+  None picks 0.1 for RoBERTa-family encoders and for hidden size ≥ 1024, else 0.8. These are for raw
+  pre-trained encoders, whose ℓI starts near ln N. On an encoder already trained contrastively
+  (all-MiniLM-L6-v2, the quick preset) ℓI is ~1e-4 from the first step, ℓII (trivially separable: Y's
+  halves are equal, Z's are not) has ~375× ℓI's encoder gradient at step 0, and λ = 0.8 lost 2.97 dev
+  nDCG@10 on the README's domain recipe; the quick preset sets λ = 0 (RESULTS.md, issue 23). λ = 0
+  drops ℓII and never encodes Z.
+- Positive (`positive`, an ablation switch, not in the paper): "pair" (default) is Y = [x; x] as
+  above; "dropout" is x encoded a second time (SimCSE's positive), with Y and Z still feeding ℓII.
 - Strategy for c (`strategy`, §3.2): "o1" sub-word replacement, "o2" WordNet antonyms, "s" another
   sentence of the batch. Default "s": the paper's final model (§4.7.1) and its best with BERT
   (Table 6; with RoBERTa o1 scored higher). A batch of one sentence has no other sentence, so "s"
