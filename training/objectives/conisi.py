@@ -35,8 +35,8 @@ Readings where the paper is ambiguous (all ConIsISettings fields):
   pre-trained encoders, whose ℓI starts near ln N. On an encoder already trained contrastively
   (all-MiniLM-L6-v2, the quick preset) ℓI is ~1e-4 from the first step, ℓII (trivially separable: Y's
   halves are equal, Z's are not) has ~375× ℓI's encoder gradient at step 0, and λ = 0.8 lost 2.97 dev
-  nDCG@10 on the README's domain recipe; the quick preset sets λ = 0 (RESULTS.md, issue 23). λ = 0
-  drops ℓII and never encodes Z.
+  nDCG@10 on the README's domain recipe; the quick preset sets λ = 0.003, which balances the two
+  gradients (RESULTS.md, issue 23). λ = 0 drops ℓII and never encodes Z.
 - Positive (`positive`, an ablation switch, not in the paper): "pair" (default) is Y = [x; x] as
   above; "dropout" is x encoded a second time (SimCSE's positive), with Y and Z still feeding ℓII.
 - Strategy for c (`strategy`, §3.2): "o1" sub-word replacement, "o2" WordNet antonyms, "s" another
