@@ -117,6 +117,10 @@ class Tokenizer:
         return out
 
 
+#: the bytes of the texts the fast path takes: tab, newline, carriage return, printable ASCII but "["
+_FAST_BYTES = bytes([9, 10, 13, *range(0x20, 0x5B), *range(0x5C, 0x7F)])
+
+
 class BertWordPiece:
     """BERT's tokenizer (BertNormalizer, BertPreTokenizer, WordPiece, [CLS] text [SEP]) for plain ASCII
     text, in a few lines of Python: about 2.5 µs for a 12-token sentence where tokenizers'
@@ -146,6 +150,7 @@ class BertWordPiece:
         # what only tokenizers gets right: a character outside printable ASCII (tab and newlines allowed),
         # "[", or a word over WordPiece's limit
         self._refer = re.compile(rf"[^\t\n\r\x20-\x5a\x5c-\x7e]|[A-Za-z0-9]{{{max_word_chars + 1}}}")
+        self._max_word_chars = max_word_chars
         self._pieces: dict[str, list[int]] = {}  # words not in the vocabulary, split
 
     @classmethod
@@ -176,7 +181,12 @@ class BertWordPiece:
 
     def refused(self, texts: list[str]) -> list[int]:
         """The texts only tokenizers gets right, by index: one scan over the whole batch."""
-        hits = [m.start() for m in self._refer.finditer("\n".join(texts))]  # no match spans a newline
+        joined = "\n".join(texts)  # no match spans a newline
+        # the common case in C: printable ASCII without "[" (deleting those bytes leaves nothing), no long text
+        if (joined.isascii() and not joined.encode("ascii").translate(None, _FAST_BYTES)
+                and max(map(len, texts), default=0) <= self._max_word_chars):
+            return []
+        hits = [m.start() for m in self._refer.finditer(joined)]
         if not hits:
             return []
         starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
@@ -184,18 +194,23 @@ class BertWordPiece:
 
     def encode(self, texts: list[str], limit: int, direction: str) -> tuple[list[list[int]], np.ndarray]:
         """Each text's ids cut to `limit` as tokenizers cuts them, and its token count before the cut."""
-        get, split, words = self._get, self._split, self._words.findall
-        rows = []
-        for text in texts:
-            row = [self.cls_id]
-            for word in words(text.lower() if self.lowercase else text):
-                found = get(word)
-                if found is None:
-                    row += split(word)
-                else:
-                    row.append(found)
-            row.append(self.sep_id)
-            rows.append(row)
+        get, split, cls_id, sep_id = self._get, self._split, self.cls_id, self.sep_id
+        # one lower() and one findall for the whole batch: texts end at "\0", which none of them holds
+        # (refused) and which the word pattern yields as a token of its own
+        if not texts:
+            return [], np.zeros(0, dtype=np.int64)
+        joined = "\0".join(texts) + "\0"
+        rows, row = [], [cls_id]
+        for word in self._words.findall(joined.lower() if self.lowercase else joined):
+            found = get(word)
+            if found is not None:
+                row.append(found)
+            elif word == "\0":
+                row.append(sep_id)
+                rows.append(row)
+                row = [cls_id]
+            else:
+                row += split(word)
         original = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         if len(rows) and original.max() > limit:  # the text's own tokens cut, then [CLS] and [SEP] again
             keep = limit - 2
