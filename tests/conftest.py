@@ -80,6 +80,28 @@ def default_export(tmp_path_factory) -> Path:
     return out
 
 
+def wait_ready(url: str, proc=None, log: Path | None = None, timeout: float = 60) -> None:
+    """Until `url`/readyz answers 200; fails at once if `proc` (a Popen) exited, and at the deadline, with the
+    tail of `log` when given."""
+    import time
+
+    import httpx
+
+    def tail() -> str:
+        return log.read_text()[-3000:] if log is not None and log.exists() else ""
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc is None or proc.poll() is None, f"the service exited\n{tail()}"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the service was not ready in {timeout:g} s\n{tail()}")
+
+
 def free_port() -> int:
     """A localhost port nobody listens on now."""
     import socket

@@ -31,7 +31,7 @@ import pytest
 
 from service.index import CollectionSpec, Document, LocalIndex, ModelStamp, NotDurable
 from service.index.wal import HEADER, MAGIC, CorruptLog, WriteAheadLog, _records
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 DIM = 4
@@ -641,18 +641,6 @@ for line in sys.stdin:
 """
 
 
-def _wait_ready(url: str, log: Path, deadline_s: float = 60) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not come up:\n{log.read_text()[-3000:]}")
-
-
 def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -710,7 +698,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         zygote.stdin.flush()
         pid = int(zygote.stdout.readline())
         children.append(pid)
-        _wait_ready(url, log)
+        wait_ready(url, log=log)
         starts.append(time.monotonic() - began)
         return pid
 
@@ -744,7 +732,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         final = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=open(log, "ab"),
                                  stderr=subprocess.STDOUT)
         try:
-            _wait_ready(url, log)
+            wait_ready(url, log=log)
             starts.append(time.monotonic() - began)
             assert not failures, failures[:10]
             want = {i: text for a in acked for i, text in a.items()}

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from benchmarks.machine import process_tree
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_ready
 
 
 def _alive(pid: int) -> bool:
@@ -22,19 +22,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the service exited"
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("not ready in time")
 
 
 @pytest.fixture
@@ -50,7 +37,7 @@ def service(tmp_path, request):
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         proc.url = url
         proc.log = tmp_path / "service.log"
         yield proc
@@ -119,7 +106,7 @@ def test_a_killed_engine_fails_fast_then_comes_back_by_itself(service):
         r = c.post("/embed", json={"inputs": "during"})
         took = time.monotonic() - start
         assert r.status_code in (200, 503) and took < 2, (r.status_code, took, r.text)  # never a hang
-        _wait_ready(service.url, service, timeout=30)
+        wait_ready(service.url, service, timeout=30)
         # each API process notices the restart by its own heartbeat, within a second: until then it may still answer 503
         deadline = time.monotonic() + 10
         while (after := c.post("/embed", json={"inputs": "after"})).status_code == 503 and time.monotonic() < deadline:
@@ -140,7 +127,7 @@ def test_a_killed_api_process_is_replaced(service):
             break
         time.sleep(0.2)
     assert len(now) == 2 and api[0] not in now
-    _wait_ready(service.url, service)
+    wait_ready(service.url, service)
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(service):
@@ -201,7 +188,7 @@ def test_the_index_persists_by_default_under_the_data_directory(tmp_path):
                                     stdout=log, stderr=subprocess.STDOUT)
             try:
                 url = f"http://127.0.0.1:{port}"
-                _wait_ready(url, proc)
+                wait_ready(url, proc)
                 if run == "first":
                     assert httpx.post(f"{url}/index/documents", json=doc).json()["total"] == 1
                 else:  # the same document, found again after the restart
@@ -225,7 +212,7 @@ def test_a_memory_only_index_is_chosen_explicitly_and_said_loudly(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=tmp_path, env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         try:
-            _wait_ready(f"http://127.0.0.1:{port}", proc)
+            wait_ready(f"http://127.0.0.1:{port}", proc)
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0

@@ -20,14 +20,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
-import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_ready
 
 README = REPO / "README.md"
 ELIDED = "\u2026"  # what a `...` outside a string in a shown output becomes: "and more here"
@@ -188,16 +186,8 @@ def service(tmp_path_factory):
                SEMBED_ACCESS_LOG="false")
     log = open(tmp / "service.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp / "service.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}", proc, tmp / "service.log", timeout=120)
         proc.port = port
         yield proc
     finally:
