@@ -10,9 +10,8 @@ def settle_gc() -> None:
 
     Everything imported and built at start lives as long as the process (gc.freeze), so no full
     collection scans it again. Under load the young generation holds mostly the in-flight requests'
-    objects, which every young collection would scan again while they are still in flight: at the
-    default threshold (700 allocations) py-spy found ~8% of an API process's samples in the collector
-    under single-text load. Cycles are rare on the request path; the few there wait longer.
+    objects, which every young collection at the default threshold (700 allocations) would scan again
+    while they are still in flight. Cycles are rare on the request path; the few there wait longer.
     """
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
