@@ -5,8 +5,9 @@ it imports sentence-transformers' ONNX backend (optimum-onnx), nothing of this r
 
     .venv/anchor/bin/python -m benchmarks.anchor_export --model <ST dir> --config avx512_vnni --out <dir>
 
-writes <dir>/onnx/model.onnx (its fp32 export) and <dir>/onnx/model_qint8_<config>.onnx, as the
-efficiency guide's `export_dynamic_quantized_onnx_model(model, config, path)` does.
+writes <dir>/onnx/model.onnx (its fp32 export) and <dir>/onnx/model_<weight type>_<config>.onnx
+(model_qint8_avx512_vnni.onnx, model_quint8_avx2.onnx), as the efficiency guide's
+`export_dynamic_quantized_onnx_model(model, config, path)` does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     model = SentenceTransformer(str(args.out), backend="onnx", device="cpu")
     model.save_pretrained(str(args.out))  # the fp32 ONNX graph the backend exported, as onnx/model.onnx
     export_dynamic_quantized_onnx_model(model, args.config, str(args.out))
-    print(args.out / "onnx" / f"model_qint8_{args.config}.onnx")
     return 0
 
 
