@@ -5,7 +5,7 @@ and embeds 256 short (10-14 tokens) and 256 long (124-132 tokens) texts, built a
 them, in length-sorted batches of 32 and of 256, each padded to its longest text. Cosines only: no
 timing (the bench measures speed). RESULTS.md has the table this printed.
 
-    python -m benchmarks.int8_configs --model-dir models/all-MiniLM-L6-v2 --data-dir ../shared/data [NAME ...]
+    python -m benchmarks.int8_configs --model-dir models/all-MiniLM-L6-v2 --data-dir ../shared/data [--exact] [NAME ...]
 """
 
 from __future__ import annotations
@@ -80,10 +80,15 @@ def build(name: str, fused: Path, plain: Path, out: Path) -> None:
                      nodes_to_exclude=exclude, extra_options=extra, **options)
 
 
-def encoder(path: Path, tokenizer):
+def encoder(path: Path, tokenizer, exact: bool = False):
+    """`exact`: onnxruntime's non-saturating uint8 x int8 kernel on x86 CPUs without VNNI (the vectors a VNNI
+    CPU computes; a no-op on one)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if exact:
+        options.add_session_config_entry("session.x64quantprecision", "1")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def encode(texts: list[str], batch: int) -> np.ndarray:
         encodings = tokenizer.encode_batch(texts)
@@ -111,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=12, help="the model's attention heads (for the fusions)")
     parser.add_argument("--hidden-size", type=int, help="the model's hidden size (default: the manifest's dimension)")
     parser.add_argument("--graph", type=Path, action="append", default=[], help="also measure this graph file")
-    parser.add_argument("names", nargs="*", help="settings to run (default: all)")
+    parser.add_argument("--exact", action="store_true", help="int8 products computed exactly on CPUs without VNNI "
+                        "too (what a VNNI CPU computes): onnxruntime's session.x64quantprecision")
+    parser.add_argument("names", nargs="*", help="settings to run (default: all, or none when --graph is given)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the quantiser's pre-processing advice, once per setting
 
@@ -128,12 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| setting | " + " | ".join(f"{n} b{b}" for n in texts for b in BATCHES) + " |", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         fused = fuse(plain, Path(tmp) / "fused.onnx", args.num_heads, args.hidden_size or manifest["dimension"])
-        runs = [(name, None) for name in (args.names or CONFIGS)] + [(str(g), g) for g in args.graph]
+        names = args.names or ([] if args.graph else list(CONFIGS))
+        runs = [(name, None) for name in names] + [(str(g), g) for g in args.graph]
         for name, graph in runs:
             if graph is None:
                 graph = Path(tmp) / "int8.onnx"
                 build(name, fused, plain, graph)
-            encode, cells = encoder(graph, tokenizer), []
+            encode, cells = encoder(graph, tokenizer, args.exact), []
             for set_name, t in texts.items():
                 for batch in BATCHES:
                     cosine = (encode(t, batch) * reference[set_name]).sum(axis=1)

@@ -276,3 +276,21 @@ def test_plain_gelu_computes_what_bias_gelu_does():
     assert [n.op_type for n in model.graph.node] == ["Sum", "Gelu"]
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert np.abs(got[0] - expected[0]).max() < 1e-6
+
+
+def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
+    """build_int8's int8 GEMM weights stay within ±64, so no x86 kernel saturates (VPMADDUBSW on CPUs without
+    VNNI adds two uint8 x int8 products in int16): an int8 export gives the same vectors on every x86 CPU and
+    passes its golden check wherever it was made. onnxruntime's default 8-bit weights are flagged."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    export_onnx(encoder, tmp_path / "e", int8=False, fp16=False)
+    config = encoder.transformer.config
+    fused = quantize.fuse(tmp_path / "e" / "model.onnx", tmp_path / "fused.onnx", config.num_attention_heads,
+                          config.hidden_size)
+    quantize.build_int8(fused, tmp_path / "int8.onnx")
+    assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
+    quantize_dynamic(str(fused), str(tmp_path / "8bit.onnx"), per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    flagged = quantize.saturating_int8_weights(onnx.load(str(tmp_path / "8bit.onnx")))
+    assert len(flagged) >= 2 * config.num_hidden_layers  # every layer's QKV and FFN weights reach ±127

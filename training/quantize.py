@@ -249,9 +249,15 @@ def build_int8(source: Path, out: Path) -> None:
     """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
     call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
-    - dynamic quantisation, onnxruntime's defaults: weights per output channel, symmetric int8; activations
-      uint8 with one scale per tensor, computed per pass at run time; the fused attention's QKV projection
-      (QAttention) and the embedding tables (QEmbedLayerNormalization) quantised too;
+    - dynamic quantisation: weights per output channel, symmetric int8 in 7 bits (`reduce_range`, |q| <= 64);
+      activations uint8 with one scale per tensor, computed per pass at run time; the fused attention's QKV
+      projection (QAttention) and the embedding tables (QEmbedLayerNormalization) quantised too. 7 bits
+      because x86 CPUs without VNNI multiply uint8 by int8 with VPMADDUBSW, which saturates each pair of
+      products at 32,767: with 8-bit weights (255 * 127 * 2) the vectors an AVX2-only CPU served were up to
+      3.6e-2 from those of a VNNI CPU (exact) on the golden sentences, so an export made on one failed its
+      golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every x86 kernel is exact and gives
+      the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of mean cosine to fp32
+      (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
     - but the feed-forward output MatMuls of the layers in `INT8_BLOCKWISE_FFN_OUTPUTS` as MatMulNBits with
       8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute (accuracy_level 4), whose
       activations are quantised per row and block: the feed-forward output takes the GELU's long-tailed output,
@@ -261,14 +267,14 @@ def build_int8(source: Path, out: Path) -> None:
     - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast (the same
       values): SkipLayerNormalization (`plain_layer_norms`) and BiasGelu (`plain_gelu`).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
-    graph: long-text cosine 0.987), static QDQ, reduce_range, symmetric activations, asymmetric weights and
+    graph: long-text cosine 0.987), static QDQ, symmetric activations, asymmetric weights and
     per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(source), load_external_data=False).graph
     blockwise = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_BLOCKWISE_FFN_OUTPUTS]
-    quantize_dynamic(str(source), str(out), per_channel=True, weight_type=QuantType.QInt8,
+    quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
                      nodes_to_exclude=blockwise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
     blockwise_int8(model, set(blockwise), INT8_BLOCK_SIZE)
@@ -276,6 +282,24 @@ def build_int8(source: Path, out: Path) -> None:
     plain_layer_norms(model)
     onnx.save(model, str(out))
     onnx.checker.check_model(str(out))
+
+
+#: the largest |int8 weight| whose products with uint8 activations no x86 kernel saturates: VPMADDUBSW (AVX2,
+#: AVX-512 without VNNI) adds two products in int16, and 2 * 255 * 64 = 32,640 <= 32,767
+MAX_INT8_WEIGHT = 64
+#: the ops whose int8 weight (their second input) meets uint8 activations in onnxruntime's x86 GEMMs
+_UINT8_X_INT8_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "QAttention", "MatMulIntegerToFloat"}
+
+
+def saturating_int8_weights(model) -> list[str]:
+    """The int8 GEMM weights of `model` with a value past `MAX_INT8_WEIGHT` (none: every x86 CPU computes
+    its products exactly, VNNI or not)."""
+    from onnx import TensorProto, numpy_helper
+
+    weights = {init.name: init for init in model.graph.initializer}
+    return [name for node in model.graph.node if node.op_type in _UINT8_X_INT8_OPS
+            for name in node.input[1:2] if name in weights and weights[name].data_type == TensorProto.INT8
+            and np.abs(numpy_helper.to_array(weights[name]).astype(np.int32)).max() > MAX_INT8_WEIGHT]
 
 
 def blockwise_int8(model, names: set[str], block_size: int) -> int:
