@@ -294,3 +294,16 @@ def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
     flagged = quantize.saturating_int8_weights(onnx.load(str(tmp_path / "8bit.onnx")))
     assert len(flagged) >= 2 * config.num_hidden_layers  # every layer's QKV and FFN weights reach ±127
+
+
+def test_build_int8_refuses_weights_that_would_saturate(encoder, tmp_path, monkeypatch):
+    """A quantiser that ignores reduce_range (another onnxruntime release, say) gives 8-bit weights: build_int8
+    refuses the graph, naming the weights, and the export leaves int8 out rather than ship it."""
+    import onnxruntime.quantization as quantization
+
+    real = quantization.quantize_dynamic
+    monkeypatch.setattr(quantization, "quantize_dynamic", lambda *a, **kw: real(*a, **{**kw, "reduce_range": False}))
+    export_onnx(encoder, tmp_path / "e", fp16=False)
+    manifest = Manifest.load(tmp_path / "e")
+    assert "int8" not in manifest.variants and not (tmp_path / "e" / quantize.INT8_FILE).exists()
+    assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out["int8"]

@@ -277,6 +277,8 @@ def build_int8(source: Path, out: Path) -> None:
     quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
                      nodes_to_exclude=blockwise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
+    if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
+        raise ValueError(f"int8 weights past ±{MAX_INT8_WEIGHT} would saturate x86 CPUs without VNNI: {saturating}")
     blockwise_int8(model, set(blockwise), INT8_BLOCK_SIZE)
     plain_gelu(model)
     plain_layer_norms(model)
