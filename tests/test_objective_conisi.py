@@ -512,3 +512,34 @@ def test_dropout_positive_without_the_classifier_encodes_no_pair(tiny_encoder):
         hook.remove()
     assert rows == [2 * len(TEXTS)] and set(out) == {"loss", "loss_contrastive"}  # x twice, one pass
     out["loss"].backward()
+
+
+@pytest.mark.parametrize("batchnorm", ["joint", "separate"])
+def test_tanh_head_is_simcses_head_under_both_losses(tiny_encoder, batchnorm):
+    obj = ConIsI(tiny_encoder, ConIsISettings(head="tanh", interactive_weight=0.3, batchnorm=batchnorm))
+    obj.train()
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in obj.modules())
+    assert [type(m) for m in obj.head] == [torch.nn.Linear, torch.nn.Tanh]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in list(obj.head.parameters()) + list(obj.classifier.parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    as_np = lambda t: t.detach().double().numpy()  # noqa: E731
+    w1, b1 = as_np(obj.head[0].weight), as_np(obj.head[0].bias)
+    w3, b3 = as_np(obj.classifier.weight), as_np(obj.classifier.bias)
+    rng = np.random.default_rng(0)
+    hx, hy, hz = (rng.normal(size=(5, 32)) for _ in range(3))
+    gx, gy, gz = (np.tanh(h @ w1.T + b1) for h in (hx, hy, hz))  # SimCSE's MLP, no batch statistics
+    cl = np_info_nce(gx, gy, TAU)
+    ry, rz = gy @ w3.T + b3, gz @ w3.T + b3
+    inter = float(np.mean(np.log1p(np.exp(rz - ry))))
+    out = obj.losses(*(torch.tensor(h, dtype=torch.float32) for h in (hx, hy, hz)))
+    assert out["loss_contrastive"].item() == pytest.approx(cl, rel=1e-4, abs=1e-5)
+    assert out["loss_interactive"].item() == pytest.approx(inter, rel=1e-4, abs=1e-5)
+    assert out["loss"].item() == pytest.approx(0.7 * cl + 0.3 * inter, rel=1e-4, abs=1e-5)
+    obj(obj.collate(TEXTS))["loss"].backward()  # the whole path runs and reaches the encoder and both heads
+    assert tiny_encoder.transformer.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert obj.head[0].weight.grad.abs().sum() > 0 and obj.classifier.weight.grad.abs().sum() > 0
+    assert ConIsI(tiny_encoder, ConIsISettings()).head[1].__class__ is torch.nn.BatchNorm1d  # the paper's default
+    with pytest.raises(ValueError, match="head"):
+        ConIsI(tiny_encoder, ConIsISettings(head="relu"))

@@ -39,6 +39,9 @@ Readings where the paper is ambiguous (all ConIsISettings fields):
   gradients (RESULTS.md, issue 23). λ = 0 drops ℓII and never encodes Z.
 - Positive (`positive`, an ablation switch, not in the paper): "pair" (default) is Y = [x; x] as
   above; "dropout" is x encoded a second time (SimCSE's positive), with Y and Z still feeding ℓII.
+- Head (`head`, an ablation switch, not in the paper): "bn_elu" (default) is g of Eq. 2 above;
+  "tanh" is SimCSE's head g(h) = tanh(W1·h + b1) (no BatchNorm, so `batchnorm` changes nothing),
+  with the classifier f(h) = W3·g(h) + b3 on it as before.
 - Strategy for c (`strategy`, §3.2): "o1" sub-word replacement, "o2" WordNet antonyms, "s" another
   sentence of the batch. Default "s": the paper's final model (§4.7.1) and its best with BERT
   (Table 6; with RoBERTa o1 scored higher). A batch of one sentence has no other sentence, so "s"
@@ -90,6 +93,7 @@ from training.objectives.losses import info_nce
 
 STRATEGIES = ("o1", "o2", "s")
 POSITIVES = ("pair", "dropout")
+HEADS = ("bn_elu", "tanh")
 BATCHNORM_MODES = ("joint", "separate")
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
@@ -107,6 +111,7 @@ class ConIsISettings(ObjectiveSettings):
 
     strategy: str = "s"
     positive: str = "pair"
+    head: str = "bn_elu"
     interactive_weight: float | None = None
     temperature: float = 0.05
     pooling: str | None = "cls"
@@ -134,6 +139,8 @@ class ConIsI(Objective):
             raise ValueError(f"unknown strategy {settings.strategy!r}; choose from {STRATEGIES}")
         if settings.positive not in POSITIVES:
             raise ValueError(f"unknown positive {settings.positive!r}; choose from {POSITIVES}")
+        if settings.head not in HEADS:
+            raise ValueError(f"unknown head {settings.head!r}; choose from {HEADS}")
         if settings.batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"unknown batchnorm {settings.batchnorm!r}; choose from {BATCHNORM_MODES}")
         if settings.pooling is not None:
@@ -163,8 +170,9 @@ class ConIsI(Objective):
         self.batchnorm = settings.batchnorm
         self.sync_batchnorm = settings.sync_batchnorm
         d = encoder.dim
-        # g (Eq. 2) = the W2/b2/BN/ELU part of f (Eq. 6): one module serves both
-        self.head = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU())
+        # g (Eq. 2) = the W2/b2/BN/ELU part of f (Eq. 6): one module serves both; head="tanh": SimCSE's
+        self.head = (nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.ELU()) if settings.head == "bn_elu"
+                     else nn.Sequential(nn.Linear(d, d), nn.Tanh()))
         self.classifier = nn.Linear(d, d if settings.logit_dim is None else settings.logit_dim)  # W3, b3 (Eq. 7)
 
     def prepare(self, examples: list, device: torch.device) -> None:
@@ -229,7 +237,7 @@ class ConIsI(Objective):
 
     # ---- losses ----
     def project(self, h_x: torch.Tensor, h_y: torch.Tensor, h_z: torch.Tensor) -> list[torch.Tensor]:
-        """g(h) = ELU(BN(W1·h + b1)) for the three groups (Eq. 2 / Eq. 6)."""
+        """g(h) = ELU(BN(W1·h + b1)) for the three groups (Eq. 2 / Eq. 6); tanh(W1·h + b1) with head="tanh"."""
         # with sync_batchnorm on several GPUs: the head over every rank's rows (autograd gather), then this rank's
         return self._project_groups(h_x, h_y, h_z)
 
