@@ -64,16 +64,15 @@ def build_anchor(st_dir: Path, config: str, out: Path, python: Path) -> Path:
     """The anchor's int8 graph (and its fp32 graph beside it) under `out`, built once per config. Its name
     carries the config's weight type: model_qint8_avx512_vnni.onnx, but model_quint8_avx2.onnx (optimum's
     avx2 config quantises weights to uint8)."""
-    def built() -> list[Path]:
-        return sorted((out / "onnx").glob(f"model_q*int8_{config}.onnx"))
-
-    if not built():
+    pattern = f"model_q*int8_{config}.onnx"
+    if not any((out / "onnx").glob(pattern)):
         print(f"building the anchor ({config}) with {python} ...", flush=True)
         subprocess.run([str(python), "-m", "benchmarks.anchor_export", "--model", str(st_dir), "--config", config,
                         "--out", str(out)], check=True, cwd=Path(__file__).resolve().parent.parent)
-    if len(built()) != 1:
-        raise SystemExit(f"expected one int8 graph of config {config} under {out / 'onnx'}, found {built()}")
-    return built()[0]
+    graphs = sorted((out / "onnx").glob(pattern))
+    if len(graphs) != 1:
+        raise SystemExit(f"expected one int8 graph of config {config} under {out / 'onnx'}, found {graphs}")
+    return graphs[0]
 
 
 # --- the contenders --------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.serving import make_texts
-from training.quantize import ffn_outputs, fuse
+from training.quantize import EXACT_INT8_KERNEL, ffn_outputs, fuse
 
 BATCHES = (32, 256)
 
@@ -87,7 +87,7 @@ def encoder(path: Path, tokenizer, exact: bool = False):
 
     options = ort.SessionOptions()
     if exact:
-        options.add_session_config_entry("session.x64quantprecision", "1")
+        options.add_session_config_entry(EXACT_INT8_KERNEL, "1")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def encode(texts: list[str], batch: int) -> np.ndarray:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden-size", type=int, help="the model's hidden size (default: the manifest's dimension)")
     parser.add_argument("--graph", type=Path, action="append", default=[], help="also measure this graph file")
     parser.add_argument("--exact", action="store_true", help="int8 products computed exactly on CPUs without VNNI "
-                        "too (what a VNNI CPU computes): onnxruntime's session.x64quantprecision")
+                        "too (what a VNNI CPU computes): training.quantize.EXACT_INT8_KERNEL")
     parser.add_argument("names", nargs="*", help="settings to run (default: all, or none when --graph is given)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the quantiser's pre-processing advice, once per setting

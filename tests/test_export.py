@@ -166,12 +166,14 @@ def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_ex
     quantised = OnnxBackend(default_export, variant="int8")
     quantised.self_check()  # its own recorded golden vectors
     # the same vectors with onnxruntime's exact uint8 x int8 kernel, which CPUs without VNNI run only when asked
-    # (`session.x64quantprecision`): the graph's 7-bit weights never saturate the default one (on a VNNI CPU
-    # both are the exact kernel)
+    # (EXACT_INT8_KERNEL): the graph's 7-bit weights never saturate the default one (on a VNNI CPU both are the
+    # exact kernel)
     import onnxruntime as ort
 
+    from training.quantize import EXACT_INT8_KERNEL
+
     options = ort.SessionOptions()
-    options.add_session_config_entry("session.x64quantprecision", "1")
+    options.add_session_config_entry(EXACT_INT8_KERNEL, "1")
     exact = ort.InferenceSession(str(default_export / int8["file"]), options, providers=["CPUExecutionProvider"])
     quantised.session, recorded = exact, quantised.session
     quantised.self_check()

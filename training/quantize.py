@@ -253,11 +253,11 @@ def build_int8(source: Path, out: Path) -> None:
       activations uint8 with one scale per tensor, computed per pass at run time; the fused attention's QKV
       projection (QAttention) and the embedding tables (QEmbedLayerNormalization) quantised too. 7 bits
       because x86 CPUs without VNNI multiply uint8 by int8 with VPMADDUBSW, which saturates each pair of
-      products at 32,767: with 8-bit weights (255 * 127 * 2) the vectors an AVX2-only CPU served were up to
-      3.6e-2 from those of a VNNI CPU (exact) on the golden sentences, so an export made on one failed its
-      golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every x86 kernel is exact and gives
-      the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of mean cosine to fp32
-      (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
+      products at 32,767: with 8-bit weights (255 * 127 * 2) an AVX2-only CPU's vectors differ from the exact
+      ones a VNNI CPU computes (`EXACT_INT8_KERNEL` on the AVX2 CPU: up to 3.6e-2 on the golden sentences), so
+      an export made on one failed its golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every
+      x86 kernel is exact and gives the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of
+      mean cosine to fp32 (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
     - but the feed-forward output MatMuls of the layers in `INT8_BLOCKWISE_FFN_OUTPUTS` as MatMulNBits with
       8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute (accuracy_level 4), whose
       activations are quantised per row and block: the feed-forward output takes the GELU's long-tailed output,
@@ -286,6 +286,9 @@ def build_int8(source: Path, out: Path) -> None:
     onnx.checker.check_model(str(out))
 
 
+#: onnxruntime's session option for its exact uint8 x int8 kernel on x86 CPUs without VNNI ("1"; slower), which
+#: computes what a VNNI CPU computes: how the tests and `benchmarks.int8_configs --exact` show saturation
+EXACT_INT8_KERNEL = "session.x64quantprecision"
 #: the largest |int8 weight| whose products with uint8 activations no x86 kernel saturates: VPMADDUBSW (AVX2,
 #: AVX-512 without VNNI) adds two products in int16, and 2 * 255 * 64 = 32,640 <= 32,767
 MAX_INT8_WEIGHT = 64
