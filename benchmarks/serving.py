@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.machine import process_tree
+from service.engine.backends.cpu import int8_for_this_cpu
 from service.settings import MEMORY_ONLY
 
 BATCH = 32
@@ -243,12 +244,13 @@ async def at_the_limits(port: int, long_texts: list[str]) -> dict:
 
 
 # --- the run -----------------------------------------------------------------------------------------
-def sts_drop(model_dir: Path, data_dir: Path, variants: list[str]) -> dict[str, dict[str, float]]:
-    """The 7 STS tasks per variant, in process through the service's own backend."""
+def sts_drop(model_dir: Path, data_dir: Path, variants: dict[str, str]) -> dict[str, dict[str, float]]:
+    """The 7 STS tasks per variant (label: the manifest's variant), in process through the service's backend."""
     from evaluation.embedders import OnnxEmbedder
     from evaluation.sts import evaluate_sts
 
-    return {v: evaluate_sts(OnnxEmbedder(model_dir, variant=v), data_dir=data_dir) for v in variants}
+    return {label: evaluate_sts(OnnxEmbedder(model_dir, variant=v), data_dir=data_dir)
+            for label, v in variants.items() if v}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         st_dir = default_model_dir()
     results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
-    int8_entry = (manifest.get("variants") or {}).get("int8")
+    # the int8 graph the service picks on this CPU (SEMBED_VARIANT=int8), in process too
+    int8_name = int8_for_this_cpu(manifest.get("variants") or {})
+    int8_entry = manifest["variants"][int8_name] if int8_name else None
     # Every contender, in process or over HTTP; a service is idle while the others run (its threads do not spin).
     contenders = {"sentence-transformers": sentence_transformers_encoder(st_dir),
                   "onnxruntime": onnxruntime_encoder(args.model_dir)}
@@ -330,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["fp32"] + (["int8"] if int8_entry else [])
     if not args.no_sts and (args.data_dir / "senteval").is_dir():
         print("7-task STS per variant (in process) ...", flush=True)
-        results["sts"] = sts_drop(args.model_dir, args.data_dir, variants)
+        results["sts"] = sts_drop(args.model_dir, args.data_dir, {"fp32": "fp32", "int8": int8_name or ""})
 
     report(results, variants)
     checks = targets(results, int8_entry is not None)

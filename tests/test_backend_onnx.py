@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from service.engine.backends import padded_length
-from service.engine.backends.onnx import OnnxBackend, physical_cores
+from service.engine.backends.cpu import cpu_flags, int8_for_cpu, physical_cores
+from service.engine.backends.onnx import OnnxBackend
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,29 @@ def test_physical_cores_counts_hyperthreads_once(tmp_path, monkeypatch):
     assert physical_cores(tmp_path) == 2
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {7}, raising=False)  # no topology: one core
     assert physical_cores(tmp_path) == 1
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    (tmp_path / "x86").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512_vnni\n\nprocessor\t: 1\n")
+    (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
+    assert cpu_flags(tmp_path / "x86") == {"fpu", "sse2", "avx2", "fma", "avx512_vnni"}
+    assert cpu_flags(tmp_path / "arm") == {"fp", "asimd", "asimddp"}
+    assert cpu_flags(tmp_path / "absent") is None  # not Linux: the system does not say
+
+
+@pytest.mark.parametrize(("flags", "machine", "variants", "served"), [
+    ({"avx2", "fma"}, "x86_64", {"fp32", "int8", "int8-avx2"}, "int8-avx2"),  # AVX2 only: float32 FFN outputs
+    ({"avx2", "avx512f", "avx512bw"}, "x86_64", {"int8", "int8-avx2"}, "int8-avx2"),  # AVX-512 without VNNI
+    ({"avx2", "avx512f", "avx512_vnni"}, "x86_64", {"int8", "int8-avx2"}, "int8"),  # VNNI: by blocks
+    ({"avx2", "avx_vnni"}, "x86_64", {"int8", "int8-avx2"}, "int8"),  # VEX VNNI (Alder Lake, Zen 5)
+    ({"fp", "asimd", "asimddp"}, "aarch64", {"int8", "int8-avx2"}, "int8"),  # ARM: not measured, the default
+    (None, "x86_64", {"int8", "int8-avx2"}, "int8"),  # flags unknown
+    ({"avx2"}, "x86_64", {"fp32", "int8"}, "int8"),  # an export from before int8-avx2, or whose int8-avx2 failed
+    ({"avx512_vnni"}, "x86_64", {"fp32", "int8-avx2"}, "int8-avx2"),  # the only one: it is right on any CPU
+    ({"avx2"}, "x86_64", {"fp32", "fp16"}, None),
+])
+def test_the_int8_graph_follows_the_cpu(flags, machine, variants, served):
+    assert int8_for_cpu(variants, flags, machine) == served
 
 
 def test_tokenize_gives_the_tokenizers_ids(backend, default_export):
@@ -158,6 +182,21 @@ def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_expo
     del manifest["variants"]["fp16"]
     (tmp_path / "e" / "manifest.json").write_text(json.dumps(manifest))
     assert choose_variant(Settings(model_dir=tmp_path / "e", device="cuda"), tmp_path / "e") == "fp32"
+
+
+def test_int8_asked_for_serves_the_graph_for_this_cpu(default_export, monkeypatch, caplog):
+    from service.engine.backends import cpu
+    from service.engine.server import choose_variant
+    from service.settings import Settings
+
+    settings = Settings(model_dir=default_export, variant="int8")
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: {"avx2", "fma"})
+    with caplog.at_level("INFO", logger="sembed.engine"):
+        assert choose_variant(settings, default_export) == "int8-avx2"
+    assert "int8: serving the int8-avx2 graph (model.int8-avx2.onnx), the one for this CPU" in caplog.text
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
+    assert choose_variant(settings, default_export) == "int8"
 
 
 def test_tensorrt_asked_for_and_absent_fails_loudly(default_export, monkeypatch):

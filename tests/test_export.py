@@ -152,10 +152,17 @@ def test_export_cli(tiny_model_dir, tmp_path, capsys):
 FIXTURE_DATA = Path(__file__).parent / "fixtures" / "eval"
 
 
-def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_export):
+# the graph ops of each int8 (QAttention, MatMulInteger, MatMulNBits, MatMul): all quantised per channel but the
+# feed-forward output MatMuls of layers 0 and 2, by blocks in int8, in float32 in int8-avx2 (the pooling's MatMul
+# has no weight)
+INT8_OPS = {"int8": (6, 16, 2, 1), "int8-avx2": (6, 16, 0, 3)}
+
+
+@pytest.mark.parametrize("variant", ["int8", "int8-avx2"])
+def test_the_export_carries_each_int8_graph_with_its_measured_quality(default_export, variant):
     manifest = Manifest.load(default_export)
-    assert set(manifest.variants) == {"fp32", "int8", "fp16"}
-    int8 = manifest.variants["int8"]
+    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2", "fp16"}
+    int8 = manifest.variants[variant]
     assert int8["sha256"] == sha256_file(default_export / int8["file"])
     quality = int8["quality"]
     # the gate: at least 0.99 on the short sentences and on the long passages, measured here on the CPU
@@ -163,11 +170,11 @@ def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_ex
     assert quality["min_cosine_to_fp32_long"] <= quality["mean_cosine_to_fp32_long"]
     assert quality["stsb_dev_delta"] is None and quality["measured_on"] == "cpu"
     texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday."]
-    quantised = OnnxBackend(default_export, variant="int8")
+    quantised = OnnxBackend(default_export, variant=variant)
     quantised.self_check()  # its own recorded golden vectors
     # the same vectors with onnxruntime's exact uint8 x int8 kernel, which CPUs without VNNI run only when asked
     # (EXACT_INT8_KERNEL): the graph's 7-bit weights never saturate the default one (on a VNNI CPU both are the
-    # exact kernel)
+    # exact kernel), so an export made on either kind of CPU passes its golden check on the other
     import onnxruntime as ort
 
     from training.quantize import EXACT_INT8_KERNEL
@@ -181,10 +188,8 @@ def test_the_export_carries_an_int8_variant_with_its_measured_quality(default_ex
     a, b = quantised.encode(texts), OnnxBackend(default_export).encode(texts)
     assert not np.array_equal(a, b) and ((a * b).sum(axis=1) > 0.97).all()  # really int8, and close
     ops = [n.op_type for n in onnx.load(str(default_export / int8["file"]), load_external_data=False).graph.node]
-    # all quantised per channel but the feed-forward output MatMuls of layers 0 and 2, quantised by blocks (the
-    # pooling's MatMul has no weight); GELU as its tanh approximation
     assert (ops.count("QAttention"), ops.count("MatMulInteger"), ops.count("MatMulNBits"), ops.count("MatMul")) == \
-        (6, 16, 2, 1)
+        INT8_OPS[variant]
     # SkipLayerNormalization and BiasGelu as Sum + LayerNormalization and Sum + Gelu: faster on onnxruntime's CPU
     assert (ops.count("SkipLayerNormalization"), ops.count("LayerNormalization")) == (0, 12)
     assert (ops.count("BiasGelu"), ops.count("Gelu"), ops.count("Sum")) == (0, 6, 18)
@@ -262,22 +267,26 @@ def test_a_variant_below_the_cosine_bar_is_left_out(tiny_model_dir, tmp_path, ca
 def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_path):
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
     kept = export_onnx(encoder, tmp_path / "kept", data_dir=FIXTURE_DATA)
-    for name in ("int8", "fp16"):  # measured on the fixture's STS-B dev
+    for name in ("int8", "int8-avx2", "fp16"):  # measured on the fixture's STS-B dev
         assert kept.variants[name]["quality"]["stsb_dev_delta"] is not None
     refused = export_onnx(encoder, tmp_path / "refused", data_dir=FIXTURE_DATA, max_stsb_drop=-100.0)
     assert set(refused.variants) == {"fp32"} and not (tmp_path / "refused" / "model.int8.onnx").exists()
     assert set(export_onnx(encoder, tmp_path / "plain", int8=False, fp16=False).variants) == {"fp32"}
-    assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8"}
+    assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8", "int8-avx2"}
 
 
 def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path, caplog):
     from fastapi.testclient import TestClient
 
+    from service.engine.backends.cpu import int8_for_this_cpu
     from service.settings import Settings
     from tests.inprocess import app_in_process
 
     with TestClient(app_in_process(Settings(model_dir=default_export, variant="int8"))) as c:
-        assert c.get("/info").json()["model_dtype"] == "int8"
+        info = c.get("/info").json()
+        # the int8 graph for this CPU (int8-avx2 on x86 without VNNI), and /info says which
+        assert info["model_dtype"] == "int8"
+        assert info["variant"] == int8_for_this_cpu(Manifest.load(default_export).variants)
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
     # fp16 on the CPU: onnxruntime runs it (most ops in float32 through casts) and it passes its golden check
     with TestClient(app_in_process(Settings(model_dir=default_export, variant="fp16"))) as c:

@@ -22,7 +22,7 @@ from training.export import PARITY_SENTENCES, export_onnx
 
 
 def _boom(message: str):
-    def build(source: Path, out: Path) -> None:
+    def build(source: Path, out: Path, **options) -> None:
         out.write_bytes(b"half-written graph")  # a failure midway must not leave its file behind
         raise RuntimeError(message)
 
@@ -46,15 +46,16 @@ def test_an_fp16_build_that_raises_leaves_fp32_and_int8(encoder, tmp_path, monke
     with caplog.at_level(logging.WARNING, logger="sembed.export"):
         manifest = export_onnx(encoder, out)
 
-    assert set(manifest.variants) == {"fp32", "int8"}
+    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
     reason = "building it failed (RuntimeError: two nodes with same node name (X_cast_to_fp32_node))"
     assert manifest.variants_left_out == {"fp16": reason}
-    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int8.onnx", "model.onnx"]
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int8-avx2.onnx", "model.int8.onnx", "model.onnx"]
     # what was written is what the manifest on disk says, and it loads through the service's model
     on_disk = Manifest.load(out)
-    assert set(on_disk.variants) == {"fp32", "int8"} and on_disk.variants_left_out == {"fp16": reason}
+    assert set(on_disk.variants) == {"fp32", "int8", "int8-avx2"} and on_disk.variants_left_out == {"fp16": reason}
     _assert_fp32_served(out, encoder)
     OnnxBackend(out, variant="int8").self_check()
+    OnnxBackend(out, variant="int8-avx2").self_check()
     # the warning names the variant and why, on stderr and through logging (with the traceback)
     assert f"fp16 variant left out: {reason}" in capsys.readouterr().err
     (record,) = [r for r in caplog.records if "variant left out" in r.getMessage()]
@@ -66,18 +67,38 @@ def test_an_int8_build_that_raises_leaves_fp32_and_fp16(encoder, tmp_path, monke
     monkeypatch.setattr(quantize, "build_int8", _boom("quantizer crashed"))
     manifest = export_onnx(encoder, tmp_path / "e")
     assert set(manifest.variants) == {"fp32", "fp16"}
-    assert set(manifest.variants_left_out) == {"int8"} and "quantizer crashed" in manifest.variants_left_out["int8"]
-    assert not (tmp_path / "e" / "model.int8.onnx").exists()
+    assert set(manifest.variants_left_out) == {"int8", "int8-avx2"}
+    assert all("quantizer crashed" in why for why in manifest.variants_left_out.values())
+    assert not (tmp_path / "e" / "model.int8.onnx").exists() and not (tmp_path / "e" / "model.int8-avx2.onnx").exists()
     assert manifest.variants["fp16"]["quality"]["mean_cosine_to_fp32"] >= 0.99  # still measured and gated
     assert "int8 variant left out: building it failed (RuntimeError: quantizer crashed)" in capsys.readouterr().err
     OnnxBackend(tmp_path / "e", variant="fp16").self_check()
+
+
+def test_one_int8_graph_failing_leaves_the_other(encoder, tmp_path, monkeypatch):
+    """Each CPU family's int8 graph stands alone: int8-avx2 failing keeps int8, which the engine then serves on
+    an AVX2 CPU too."""
+    from service.engine.backends.cpu import int8_for_cpu
+
+    real = quantize.build_int8
+
+    def no_avx2(source, out, precise_ffn_outputs="blocks"):
+        if precise_ffn_outputs == "float32":
+            raise RuntimeError("no float32 FFN outputs today")
+        real(source, out, precise_ffn_outputs)
+
+    monkeypatch.setattr(quantize, "build_int8", no_avx2)
+    manifest = export_onnx(encoder, tmp_path / "e", fp16=False)
+    assert set(manifest.variants) == {"fp32", "int8"} and set(manifest.variants_left_out) == {"int8-avx2"}
+    assert int8_for_cpu(manifest.variants, {"avx2", "fma"}, "x86_64") == "int8"
+    OnnxBackend(tmp_path / "e", variant="int8").self_check()
 
 
 def test_both_builds_raising_still_export_fp32(encoder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quantize, "build_int8", _boom("no int8"))
     monkeypatch.setattr(quantize, "build_fp16", _boom("no fp16"))
     manifest = export_onnx(encoder, tmp_path / "e")
-    assert set(manifest.variants) == {"fp32"} and set(manifest.variants_left_out) == {"int8", "fp16"}
+    assert set(manifest.variants) == {"fp32"} and set(manifest.variants_left_out) == {"int8", "int8-avx2", "fp16"}
     assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
     assert not list(tmp_path.glob(".e-*"))  # no staging folder left behind
     err = capsys.readouterr().err
@@ -91,7 +112,7 @@ def test_a_variant_whose_measuring_raises_is_left_out(encoder, tmp_path, monkeyp
 
     monkeypatch.setattr(quantize, "cpu_float32_ops", broken)  # measured for fp16 only
     manifest = export_onnx(encoder, tmp_path / "e")
-    assert set(manifest.variants) == {"fp32", "int8"}
+    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
     assert manifest.variants_left_out == {
         "fp16": "measuring it failed (ValueError: cannot read the graph onnxruntime would run)"}
     assert not (tmp_path / "e" / "model.fp16.onnx").exists()
@@ -106,8 +127,8 @@ def test_no_reference_to_measure_against_leaves_every_variant_out(encoder, tmp_p
     monkeypatch.setattr(quantize, "Reference", Broken)
     manifest = export_onnx(encoder, tmp_path / "e")
     assert set(manifest.variants) == {"fp32"}
-    assert manifest.variants_left_out == {
-        name: "measuring fp32's reference vectors failed (OSError: disk full)" for name in ("int8", "fp16")}
+    why = "measuring fp32's reference vectors failed (OSError: disk full)"
+    assert manifest.variants_left_out == {name: why for name in ("int8", "int8-avx2", "fp16")}
     assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
 
 
@@ -115,6 +136,7 @@ def test_a_quality_refusal_is_recorded_with_its_reason(encoder, tmp_path):
     manifest = export_onnx(encoder, tmp_path / "e", min_cosine=1.01)  # no graph is that close
     assert set(manifest.variants) == {"fp32"}
     assert manifest.variants_left_out["int8"].startswith("int8: its mean cosine to fp32 on the short sentences")
+    assert manifest.variants_left_out["int8-avx2"].startswith("int8-avx2: its mean cosine to fp32 on the short")
     assert "(below 1.01)" in manifest.variants_left_out["fp16"]
 
 
@@ -288,8 +310,9 @@ def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
     config = encoder.transformer.config
     fused = quantize.fuse(tmp_path / "e" / "model.onnx", tmp_path / "fused.onnx", config.num_attention_heads,
                           config.hidden_size)
-    quantize.build_int8(fused, tmp_path / "int8.onnx")
-    assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
+    for precise in ("blocks", "float32"):  # int8, int8-avx2
+        quantize.build_int8(fused, tmp_path / "int8.onnx", precise_ffn_outputs=precise)
+        assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
     quantize_dynamic(str(fused), str(tmp_path / "8bit.onnx"), per_channel=True, weight_type=QuantType.QInt8,
                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
     flagged = quantize.saturating_int8_weights(onnx.load(str(tmp_path / "8bit.onnx")))
@@ -305,5 +328,6 @@ def test_build_int8_refuses_weights_that_would_saturate(encoder, tmp_path, monke
     monkeypatch.setattr(quantization, "quantize_dynamic", lambda *a, **kw: real(*a, **{**kw, "reduce_range": False}))
     export_onnx(encoder, tmp_path / "e", fp16=False)
     manifest = Manifest.load(tmp_path / "e")
-    assert "int8" not in manifest.variants and not (tmp_path / "e" / quantize.INT8_FILE).exists()
-    assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out["int8"]
+    for name, (file, _) in quantize.INT8_GRAPHS.items():
+        assert name not in manifest.variants and not (tmp_path / "e" / file).exists()
+        assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out[name]

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,15 +294,19 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
 
 def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
               int8: bool, fp16: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """The int8 and fp16 graphs beside fp32, from one pass of transformer fusions, each with its quality
-    measured here against fp32 (training/quantize.py), and the variants left out with why.
+    """The int8 graphs (one per kind of CPU: `quantize.INT8_GRAPHS`) and fp16 beside fp32, from one pass of
+    transformer fusions, each with its quality measured here against fp32 (training/quantize.py), and the
+    variants left out with why.
 
     Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
     anything at all (a converter bug of one onnxruntime release, say), is left out with a warning, and the
     others and the verified fp32 graph are written all the same."""
-    builders = {name: (file, build) for name, file, build, wanted in (
-        ("int8", quantize.INT8_FILE, quantize.build_int8, int8),
-        ("fp16", quantize.FP16_FILE, quantize.build_fp16, fp16)) if wanted}
+    builders: dict[str, tuple[str, Callable[[Path, Path], None]]] = {}
+    if int8:
+        builders.update({name: (file, functools.partial(quantize.build_int8, precise_ffn_outputs=precise))
+                         for name, (file, precise) in quantize.INT8_GRAPHS.items()})
+    if fp16:
+        builders["fp16"] = (quantize.FP16_FILE, quantize.build_fp16)
     left_out: dict[str, str] = {}
 
     def leave_out(name: str, reason: str, error: Exception | None = None) -> None:

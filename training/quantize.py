@@ -4,6 +4,8 @@ Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`)
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
   and the fused attention, but two early feed-forward outputs quantised by blocks; two fusions that the
   CPU provider runs slowly split back (`build_int8` says which and why);
+- int8-avx2: the same, with those two feed-forward outputs in float32, for x86 CPUs without VNNI, where
+  the blocks' kernel costs more than float32 (`INT8_GRAPHS`; the engine picks by the CPU's flags);
 - fp16: weights and activations in float16 for GPUs, inputs and outputs unchanged (int64 in, float32
   out), pooling and L2 normalisation kept in float32 (`build_fp16`).
 Each variant's quality is measured against the fp32 graph the export just verified: cosine on a fixed
@@ -22,6 +24,7 @@ import numpy as np
 log = logging.getLogger("sembed.export")
 
 INT8_FILE = "model.int8.onnx"
+INT8_AVX2_FILE = "model.int8-avx2.onnx"
 FP16_FILE = "model.fp16.onnx"
 #: the export keeps no variant that loses more STS-B dev Spearman (× 100) than this
 MAX_STSB_DROP = 0.5
@@ -239,13 +242,20 @@ def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
         return fp32_graph
 
 
-#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` quantises by blocks
-INT8_BLOCKWISE_FFN_OUTPUTS = (0, 2)
+#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` keeps out of per-tensor int8
+INT8_PRECISE_FFN_OUTPUTS = (0, 2)
 #: the block of weights (along the input dimension) that shares one scale in those MatMuls
 INT8_BLOCK_SIZE = 128
 
 
-def build_int8(source: Path, out: Path) -> None:
+#: the int8 graphs of an export, by variant: its file and what `build_int8` does with the precise FFN outputs.
+#: "by blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart), "float32" for x86 CPUs
+#: without VNNI, where MatMulNBits' per-block kernel costs about 190 ms per million weights against 115 for a
+#: float32 GEMM, at the same cosine: 1.06-1.16x the by-blocks graph's speed on an AVX2 EPYC (RESULTS.md)
+INT8_GRAPHS = {"int8": (INT8_FILE, "blocks"), "int8-avx2": (INT8_AVX2_FILE, "float32")}
+
+
+def build_int8(source: Path, out: Path, precise_ffn_outputs: str = "blocks") -> None:
     """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
     call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
@@ -258,12 +268,13 @@ def build_int8(source: Path, out: Path) -> None:
       an export made on one failed its golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every
       x86 kernel is exact and gives the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of
       mean cosine to fp32 (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
-    - but the feed-forward output MatMuls of the layers in `INT8_BLOCKWISE_FFN_OUTPUTS` as MatMulNBits with
+    - but the feed-forward output MatMuls of the layers in `INT8_PRECISE_FFN_OUTPUTS` as MatMulNBits with
       8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute (accuracy_level 4), whose
       activations are quantised per row and block: the feed-forward output takes the GELU's long-tailed output,
       which one uint8 scale per tensor resolves worst, and an early layer's error runs through every later one
       (all quantised per tensor: mean cosine to fp32 on long texts 0.9885-0.9892, under the gate; these two by
-      blocks: 0.9925, as with them in float32, which costs more: float32 GEMMs);
+      blocks: 0.9925, as with them in float32, which costs more on a VNNI CPU and less on an AVX2 one:
+      `precise_ffn_outputs="float32"` keeps them in float32, the int8-avx2 graph);
     - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast (the same
       values): SkipLayerNormalization (`plain_layer_norms`) and BiasGelu (`plain_gelu`).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
@@ -273,13 +284,16 @@ def build_int8(source: Path, out: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(source), load_external_data=False).graph
-    blockwise = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_BLOCKWISE_FFN_OUTPUTS]
+    if precise_ffn_outputs not in ("blocks", "float32"):
+        raise ValueError(f"precise_ffn_outputs={precise_ffn_outputs!r}: 'blocks' or 'float32'")
+    precise = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_PRECISE_FFN_OUTPUTS]
     quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                     nodes_to_exclude=blockwise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+                     nodes_to_exclude=precise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
     if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
         raise ValueError(f"int8 weights past ±{MAX_INT8_WEIGHT} would saturate x86 CPUs without VNNI: {saturating}")
-    blockwise_int8(model, set(blockwise), INT8_BLOCK_SIZE)
+    if precise_ffn_outputs == "blocks":
+        blockwise_int8(model, set(precise), INT8_BLOCK_SIZE)
     plain_gelu(model)
     plain_layer_norms(model)
     onnx.save(model, str(out))

@@ -81,7 +81,7 @@ async def info(request: Request):
     return {
         "model_id": served.info.manifest.get("base_model", served.info.model),
         "model_sha": manifest.get("onnx_sha256"),
-        "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[served.info.variant],
+        "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[served.info.variant.split("-")[0]],
         "model_type": _model_type(served.info),
         "max_concurrent_requests": s.max_queued_inputs,
         "max_input_length": served.info.max_seq_length,
@@ -96,6 +96,7 @@ async def info(request: Request):
         "manifest": _summary(served.info.manifest),
         "models": registry.names(),
         "device": served.info.device,
+        "variant": served.info.variant,  # which graph of the export: fp32, int8, int8-avx2 or fp16
         "index_documents": default_documents(request.app.state.index),
         "limits": {
             "max_client_batch_size": s.max_client_batch_size,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
 from service.engine.backends.base import BackendError, Tokenized, pad_batch, padded_length, tokenized_rows
+from service.engine.backends.cpu import physical_cores
 from service.ipc.messages import ModelInfo
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from service.tokenization import Tokenizer
@@ -129,7 +129,8 @@ class OnnxBackend:
         if not pad_to_multiple_of:
             # int8 quantises activations with one scale per batch, so its vectors move a little with their
             # batch neighbours whatever the padding: no multiple can make it exact, the least padding wins.
-            self.pad_to_multiple_of = 8 if device == "cuda" else 1 if variant == "int8" else self.calibrate_padding()
+            int8 = variant.startswith("int8")
+            self.pad_to_multiple_of = 8 if device == "cuda" else 1 if int8 else self.calibrate_padding()
         self.info = ModelInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
@@ -225,7 +226,7 @@ class OnnxBackend:
             ranked, recorded = np.argsort(got[1:] @ got[0]), np.argsort(expected[1:] @ expected[0])
             if not np.array_equal(ranked, recorded):
                 problems.append("the similarity ordering of the golden sentences changed")
-        if problems and self.variant == "int8":
+        if problems and self.variant.startswith("int8"):
             # int8 exports before 7-bit weights saturate on x86 CPUs without VNNI (training/quantize.py)
             problems.append("an int8 variant exported before sembed 0.5 computes differently on CPUs with and "
                             "without AVX-512 VNNI: export the model again")
@@ -282,16 +283,3 @@ class OnnxBackend:
             scores, _ = self.run(chunk, padded_length(max(i.length for i in chunk), self.pad_to_multiple_of))
             out[idx] = scores[:, 0]
         return out
-
-
-def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
-    """Cores this process may run on, hyper-threads counted once (onnxruntime's own default count)."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores: set[tuple[str, str] | int] = set()
-    for cpu in cpus:
-        topology = sysfs / f"cpu{cpu}" / "topology"
-        try:
-            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
-        except OSError:
-            cores.add(cpu)  # no topology to read (not Linux, or a restricted /sys): count it as a core
-    return max(len(cores), 1)
