@@ -13,6 +13,9 @@ _.forward
 # attributes of objects that other libraries read
 _.dim_value  # onnx's TensorShapeProto.Dimension (training/export.py sets the output width)
 _.graph_optimization_level  # onnxruntime.SessionOptions (training/quantize.py)
+_.enable_profiling  # onnxruntime.SessionOptions (benchmarks/int8_profile.py)
+_.profile_file_prefix
+_.log_severity_level
 _.snapshot_every_ops  # service.index.LocalIndex's settings, reset by benchmarks/index.py
 _.snapshot_every_s
 note  # core.beir.Protocol: written to protocol.json by dataclasses.asdict, for the reader of the folder

@@ -1,0 +1,131 @@
+"""Where an int8 pass spends its time, and whether this CPU's int8 kernels compute the exact products.
+
+For each graph (the export's int8 variants, or `--graph` files): onnxruntime's profile of one thread
+(`SessionOptions.enable_profiling`) over length-sorted batches of 32 long texts (124-132 tokens, as `make
+bench` builds them), the first batch a warm-up left out; kernel time per batch by op type, and for the ops with
+a constant weight, that time per million weights. Then the largest difference between the vectors of
+onnxruntime's default x86 int8 kernel and of its exact one (`training.quantize.EXACT_INT8_KERNEL`), on the
+export's golden sentences and on the long texts: 0 where no uint8 x int8 product saturates (VPMADDUBSW on x86
+without VNNI; on a VNNI CPU both are the exact kernel). RESULTS.md has what this printed.
+
+    python -m benchmarks.int8_profile --model-dir models/all-MiniLM-L6-v2 --data-dir ../shared/data [--graph G ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import machine
+from benchmarks.int8_anchor import batches_of
+from benchmarks.serving import make_texts
+from training.quantize import EXACT_INT8_KERNEL
+
+
+def session(graph: Path, threads: int = 0, profile_dir: Path | None = None, exact: bool = False):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    if profile_dir is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_dir / "profile")
+        # the graph as it runs (fused), to read each node's weight; onnxruntime warns that it is for this CPU only
+        options.optimized_model_filepath = str(profile_dir / "optimized.onnx")
+        options.log_severity_level = 3
+    if exact:
+        options.add_session_config_entry(EXACT_INT8_KERNEL, "1")
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+
+
+def weights_by_node(optimized: Path) -> dict[str, int]:
+    """Each node's constant weight (its second input), in elements."""
+    import onnx
+
+    model = onnx.load(str(optimized), load_external_data=False)
+    sizes = {init.name: int(np.prod(init.dims)) for init in model.graph.initializer}
+    return {node.name: sizes[node.input[1]] for node in model.graph.node
+            if len(node.input) > 1 and node.input[1] in sizes and sizes[node.input[1]] >= 4096}
+
+
+def profile(graph: Path, feeds: list[dict[str, np.ndarray]]) -> list[tuple[str, int, float, float | None]]:
+    """(op type, nodes, ms per batch, ms per batch and million weights) by op type, most time first."""
+    with tempfile.TemporaryDirectory(prefix="sembed-int8-profile-") as tmp:
+        sess = session(graph, threads=1, profile_dir=Path(tmp))
+        for batch in feeds:
+            sess.run(None, batch)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+        weights = weights_by_node(Path(tmp) / "optimized.onnx")
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
+    warm_up_end = runs[0][1]
+    time_us: dict[str, float] = collections.defaultdict(float)
+    nodes: dict[str, set[str]] = collections.defaultdict(set)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] > warm_up_end:
+            op, node = e["args"]["op_name"], e["name"][: -len("_kernel_time")]
+            time_us[op] += e["dur"]
+            nodes[op].add(node)
+    measured = len(runs) - 1
+    rows = []
+    for op, us in sorted(time_us.items(), key=lambda kv: -kv[1]):
+        ms = us / 1000 / measured
+        millions = sum(weights.get(n, 0) for n in nodes[op]) / 1e6
+        rows.append((op, len(nodes[op]), ms, ms / millions if millions else None))
+    return rows
+
+
+def kernel_difference(graph: Path, feeds: list[dict[str, np.ndarray]]) -> float:
+    """max |default kernel - exact kernel| over the vectors of `feeds` (the graph's first output)."""
+    default, exact = session(graph), session(graph, exact=True)
+    return max(float(np.abs(default.run(None, f)[0] - exact.run(None, f)[0]).max()) for f in feeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"), help="an export")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--graph", action="append", default=[], help="profile this graph file instead of the "
+                        "export's int8 variants (repeatable)")
+    parser.add_argument("--long", type=int, default=160, help="long texts: batches of 32, the first a warm-up")
+    args = parser.parse_args(argv)
+
+    from tokenizers import Tokenizer
+
+    manifest = json.loads((args.model_dir / "manifest.json").read_text())
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    _, long = make_texts(tokenizer, args.data_dir, 0, args.long)
+    tokenizer.enable_truncation(manifest["max_seq_length"])
+    with_type_ids = "token_type_ids" in manifest["inputs"]
+    feeds = batches_of(tokenizer, long, with_type_ids)
+    golden = batches_of(tokenizer, (manifest.get("golden") or {}).get("sentences") or long[:3], with_type_ids)
+    graphs = {g: Path(g) for g in args.graph} or {
+        name: args.model_dir / entry["file"] for name, entry in (manifest.get("variants") or {}).items()
+        if name.startswith("int8")}
+    print(machine.cpu_line())
+    print(f"{len(long)} long texts, batches of 32 ({len(feeds) - 1} profiled after a warm-up); one thread\n")
+    if not graphs:
+        print("no int8 graph: the export has no int8 variant and no --graph was given")
+        return 1
+    for name, graph in graphs.items():
+        rows = profile(graph, feeds)
+        total = sum(ms for _, _, ms, _ in rows)
+        print(f"{name} ({graph.name}): {total:.0f} ms per batch of 32")
+        print(f"  {'op':<34}{'nodes':>6}{'ms/batch':>10}{'share':>8}{'ms per M weights':>18}")
+        for op, n, ms, per_million in rows:
+            print(f"  {op:<34}{n:>6}{ms:>10.1f}{ms / total:>8.1%}"
+                  + (f"{per_million:>18.1f}" if per_million is not None else ""))
+        print(f"  max |default int8 kernel - exact kernel|: golden sentences {kernel_difference(graph, golden):.1e}, "
+              f"long texts {kernel_difference(graph, feeds):.1e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
