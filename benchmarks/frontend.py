@@ -37,6 +37,7 @@ from pathlib import Path
 from benchmarks import machine
 from benchmarks.machine import process_tree
 from benchmarks.serving import make_texts
+from service.engine.backends.cpu import cpu_flags
 
 TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
@@ -71,11 +72,10 @@ end
 # --- the machine ---------------------------------------------------------------------------------
 def simd_flags() -> str:
     """avx2 and every avx512* flag the CPU reports: JSON parsing and tokenisation speeds move with them."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-            return " ".join(f for f in flags if f == "avx2" or f.startswith("avx512")) or "no avx2/avx512"
-    return "unknown"
+    flags = cpu_flags()
+    if flags is None:
+        return "unknown"
+    return " ".join(sorted(f for f in flags if f == "avx2" or f.startswith("avx512"))) or "no avx2/avx512"
 
 
 def locate_wrk() -> str:

@@ -7,20 +7,21 @@ import os
 import platform
 from pathlib import Path
 
+from service.engine.backends.cpu import cpu_flags
+
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
 
 
 def cpu_line() -> str:
     """CPU model, cores, the SIMD flags that matter to onnxruntime and FAISS, Python, load average."""
-    model, flags = platform.processor() or "unknown CPU", set()
+    model = platform.processor() or "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and model in ("unknown CPU", ""):
                 model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    flags = cpu_flags() or set()
     shown = [f for f in FLAGS if f in flags]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"CPU: {model}; {os.cpu_count()} cores; flags: {' '.join(shown) or 'none of avx2/avx512'}; "
