@@ -72,6 +72,21 @@ def test_the_embedded_default_model_loads_as_sentence_transformers_loads_it(defa
     np.testing.assert_allclose(ours.encode(TEXTS[:3]), expected[:3], atol=2e-6)
 
 
+def test_overriding_a_trained_models_pooling_is_said(default_model_dir, caplog):
+    """all-MiniLM-L6-v2 was trained with mean pooling: CLS pooling (a `paper` preset's, `--objective pooling=cls`)
+    gives it other vectors to start from, which the log says; its own pooling, or a plain HF checkpoint, is
+    silent."""
+    def ours() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "sembed.encoder"]
+
+    with caplog.at_level("WARNING", logger="sembed.encoder"):
+        assert SentenceEncoder.from_pretrained(default_model_dir, pooling="mean").pooling == "mean"
+        assert not ours()
+        assert SentenceEncoder.from_pretrained(default_model_dir, pooling="cls").pooling == "cls"
+    (message,) = ours()
+    assert "was trained with mean pooling: with cls pooling its vectors are not the ones" in message
+
+
 @pytest.fixture
 def st_saved_dir(tiny_model_dir, tmp_path):
     """A directory written by sentence-transformers itself: CLS pooling, a Dense head, no Normalize."""
