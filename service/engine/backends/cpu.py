@@ -47,8 +47,8 @@ def int8_for_this_cpu(variants: Collection[str]) -> str | None:
 
 def int8_for_cpu(variants: Collection[str], flags: set[str] | None, machine: str) -> str | None:
     """Which of the export's int8 graphs to serve on a CPU, None if it has neither: "int8-avx2" (float32
-    feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was 6-11 % faster on
-    long texts at the same cosine; "int8" anywhere else, where it was measured faster (VNNI) or nothing was
+    feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was faster in 4 of 5 runs
+    (up to 16 %) at the same cosine; "int8" anywhere else, where it was measured faster (VNNI) or nothing was
     measured (ARM). Either one when it is the only one: each gives its recorded vectors on every x86 CPU."""
     without_vnni = flags is not None and is_x86(machine) and not flags & VNNI_FLAGS
     order = ("int8-avx2", "int8") if without_vnni else ("int8", "int8-avx2")
