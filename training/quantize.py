@@ -249,10 +249,10 @@ INT8_BLOCK_SIZE = 128
 
 
 #: the int8 graphs of an export, by variant: its file and what `build_int8` does with the precise FFN outputs.
-#: "by blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart), "float32" for x86 CPUs
-#: without VNNI, where MatMulNBits' per-block kernel costs about 190 ms per million weights against 115 for a
-#: float32 GEMM, at the same cosine: faster than the by-blocks graph in 4 of 5 runs on an AVX2 EPYC, up to
-#: 1.16x (0.97-1.16x on short texts, 0.98-1.11x on long ones; RESULTS.md)
+#: "blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart), "float32" for x86 CPUs
+#: without VNNI, where MatMulNBits' per-block kernel costs 175-190 ms per million weights against 115-125 for a
+#: float32 GEMM (one-thread profiles), at the same cosine: faster than the by-blocks graph in 4 of 5 runs on an
+#: AVX2 EPYC, up to 1.16x (0.97-1.16x on short texts, 0.98-1.11x on long ones; RESULTS.md)
 INT8_GRAPHS = {"int8": (INT8_FILE, "blocks"), "int8-avx2": (INT8_AVX2_FILE, "float32")}
 
 
