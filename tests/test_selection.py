@@ -232,3 +232,28 @@ def test_trainer_refuses_a_gain_it_cannot_tell_from_noise_and_logs_the_rule(tiny
     cfg.select_margin = -100.0  # a user-set margin decides instead
     result = train(cfg, tmp_path / "margin", log=lines.append, evaluator=ScriptedItems([list(base), noisy]))
     assert result.best_step == 2 and "decided by: margin" in lines[-1]
+
+
+@pytest.mark.parametrize(("scores", "best_pooling", "initial"), [
+    ([1.0, 5.0, 4.0], "mean", 5.0),  # the model as saved scores higher: it is best/ and the base to beat
+    ([5.0, 1.0, 4.0], "cls", 5.0),  # the run's step 0 scores higher: it stays the base
+])
+def test_a_run_that_changes_the_model_measures_gains_from_the_better_of_step_0_and_the_saved_base(
+        tiny_model_dir, shared_data, tmp_path, scores, best_pooling, initial):
+    """A pooling override (CLS on a mean-pooled model) makes step 0 another model than the base as saved: the
+    selection scores both, so an export is never below the base the user started from only because step 0 was.
+    (A run whose step 0 is the saved model evaluates it once: the test above would run out of scores.)"""
+    from core.encoder import SentenceEncoder
+    from training.config import make_config
+    from training.trainer import train
+
+    cfg = make_config("simcse", "quick", base_model=str(tiny_model_dir), data_dir=shared_data,
+                      train_data="text:corpus/wordnet-sentences.txt", train_limit=16, batch_size=8, epochs=1,
+                      max_steps=2, eval_every=2, max_seq_length=16, objective={"pooling": "cls"})
+    lines: list[str] = []
+    result = train(cfg, tmp_path / "run", log=lines.append, evaluator=Scripted(scores))
+    assert (result.best_step, result.best_dev, result.initial_dev) == (0, initial, initial)
+    assert SentenceEncoder.from_pretrained(tmp_path / "run" / "best").pooling == best_pooling
+    assert any("step 0 is not the base model as saved" in line and "mean pooling" in line for line in lines)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"step": 0, "dev_saved_base": scores[1], "kept": best_pooling == "mean"} in rows

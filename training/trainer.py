@@ -252,6 +252,20 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
         metrics_path.unlink(missing_ok=True)
         initial_dev = evaluate() if main else float("nan")
         log(f"[train] step 0 {evaluator.name} {initial_dev:.2f}")
+        saved = _saved_base_if_other(cfg, objective.inference_encoder()) if main else None
+        if saved is not None:  # the run changed the model before training: measure gains from the better one
+            saved_dev = float(evaluator(saved.to(device)))
+            better = saved_dev > initial_dev
+            record({"step": 0, "dev_saved_base": saved_dev, "kept": better})
+            log(f"[select] step 0 is not the base model as saved ({cfg.base_model}, {saved.pooling} pooling), "
+                f"which scores {saved_dev:.2f}: " + ("kept as best/, and the base every later checkpoint must beat "
+                                                    "beyond noise" if better else "step 0 stays the base"))
+            if better:
+                initial_dev = best_dev = saved_dev
+                base_items = None if getattr(evaluator, "item_scores", None) is None else list(evaluator.item_scores)
+                best_rule = "the base model as saved: the run's step 0 scored lower"
+                saved.save_pretrained(best_dir)
+            del saved
 
     bar = tqdm(total=total_steps, initial=step, disable=not main, desc=cfg.method, dynamic_ncols=True)
     objective.train()
@@ -323,6 +337,19 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
         dist.barrier()  # the other ranks wait for rank 0's last evaluation and checkpoint
     return TrainResult(run_dir, best_dir, best_step, best_dev, initial_dev, step, seconds, is_main=main,
                        dev_metric=evaluator.name)
+
+
+#: sentences whose vectors tell whether a run's step 0 is the base model as saved
+_PROBES = ["A man is playing a guitar.", "The committee approved the budget for next year.", "Hi"]
+
+
+def _saved_base_if_other(cfg: TrainConfig, step0: SentenceEncoder) -> SentenceEncoder | None:
+    """The base model as it was saved (its own pooling and head), if the run's step 0 computes other vectors:
+    a pooling override (all-MiniLM-L6-v2 with CLS pooling starts 19 dev points below its mean pooling) or a
+    head that starts untrained (CLSR's random e: 7.8 below). None when step 0 is that model."""
+    saved = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length)
+    ours, theirs = step0.encode(_PROBES), saved.encode(_PROBES)
+    return None if ours.shape == theirs.shape and np.allclose(ours, theirs, atol=1e-5) else saved
 
 
 def plot_metrics(metrics_path: Path, out_png: Path, title: str = "", dev_label: str = "dev score") -> None:
