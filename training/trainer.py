@@ -346,7 +346,10 @@ _PROBES = ["A man is playing a guitar.", "The committee approved the budget for 
 def _saved_base_if_other(cfg: TrainConfig, step0: SentenceEncoder) -> SentenceEncoder | None:
     """The base model as it was saved (its own pooling and head), if the run's step 0 computes other vectors:
     a pooling override (all-MiniLM-L6-v2 with CLS pooling starts 19 dev points below its mean pooling) or a
-    head that starts untrained (CLSR's random e: 7.8 below). None when step 0 is that model."""
+    head that starts untrained (CLSR's random e: 7.8 below). None when step 0 is that model, or a pair scorer
+    (a cross-encoder's base is no pair scorer to compare)."""
+    if not isinstance(step0, SentenceEncoder):
+        return None
     saved = SentenceEncoder.from_pretrained(resolve_model(cfg.base_model), max_seq_length=cfg.max_seq_length)
     ours, theirs = step0.encode(_PROBES), saved.encode(_PROBES)
     return None if ours.shape == theirs.shape and np.allclose(ours, theirs, atol=1e-5) else saved
