@@ -249,8 +249,7 @@ def sts_drop(model_dir: Path, data_dir: Path, variants: dict[str, str]) -> dict[
     from evaluation.embedders import OnnxEmbedder
     from evaluation.sts import evaluate_sts
 
-    return {label: evaluate_sts(OnnxEmbedder(model_dir, variant=v), data_dir=data_dir)
-            for label, v in variants.items() if v}
+    return {label: evaluate_sts(OnnxEmbedder(model_dir, variant=v), data_dir=data_dir) for label, v in variants.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["fp32"] + (["int8"] if int8_entry else [])
     if not args.no_sts and (args.data_dir / "senteval").is_dir():
         print("7-task STS per variant (in process) ...", flush=True)
-        results["sts"] = sts_drop(args.model_dir, args.data_dir, {"fp32": "fp32", "int8": int8_name or ""})
+        results["sts"] = sts_drop(args.model_dir, args.data_dir,
+                                  {"fp32": "fp32", **({"int8": int8_name} if int8_name else {})})
 
     report(results, variants)
     checks = targets(results, int8_entry is not None)

@@ -264,9 +264,10 @@ class SentenceEncoder(nn.Module):
             limit -= 2  # RoBERTa's position ids start after the padding index
         max_len = max_seq_length or st.get("max_seq_length") or min(DEFAULT_MAX_SEQ_LENGTH, limit)
         if pooling and st.get("pooling") and pooling != st["pooling"]:
-            # all-MiniLM-L6-v2 with cls pooling: 26.27 dev nDCG@10 on the README's domain recipe, 45.69 with its mean
+            # a trained model's vectors come from its own pooling: all-MiniLM-L6-v2 with cls pooling retrieves far
+            # worse (RESULTS.md, issue 23)
             log.warning("%s was trained with %s pooling: with %s pooling its vectors are not the ones it was trained "
-                        "for, and training starts from there", name_or_path, st["pooling"], pooling)
+                        "for", name_or_path, st["pooling"], pooling)
         return cls(
             transformer,
             tokenizer,

@@ -421,12 +421,11 @@ def plain_gelu(model) -> int:
 
 def _after_integer_matmul(tensor: str, producers: dict) -> bool:
     """`tensor` is the output scale's Mul of quantize_dynamic's MatMulInteger -> Cast -> Mul."""
-    chain = ["Mul", "Cast", "MatMulInteger"]
     node = producers.get(tensor)
-    for op in chain:
+    for op in ("Mul", "Cast", "MatMulInteger"):
         if node is None or node.op_type != op:
             return False
-        node = producers.get(node.input[0]) if op != "MatMulInteger" else node
+        node = producers.get(node.input[0])
     return True
 
 
