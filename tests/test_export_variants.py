@@ -82,10 +82,10 @@ def test_one_int8_graph_failing_leaves_the_other(encoder, tmp_path, monkeypatch)
 
     real = quantize.build_int8
 
-    def no_avx2(source, out, precise_ffn_outputs="blocks"):
-        if precise_ffn_outputs == "float32":
-            raise RuntimeError("no float32 FFN outputs today")
-        real(source, out, precise_ffn_outputs)
+    def no_avx2(source, out, precise_by="blocks", layers=(0, 2)):
+        if precise_by == "rows":
+            raise RuntimeError("no row-scaled FFN outputs today")
+        real(source, out, precise_by, layers)
 
     monkeypatch.setattr(quantize, "build_int8", no_avx2)
     manifest = export_onnx(encoder, tmp_path / "e", fp16=False)
@@ -252,6 +252,51 @@ def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
     assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMax's axes: an attribute, then an input
+def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp_path, opset):
+    """int8-avx2's row-scaled MatMuls compute the same product in float (an all-zero row included: no NaN), leave
+    the MatMuls not named alone, and once quantised per tensor, a row of small values next to one of large
+    values keeps its precision, where the plain per-tensor int8 MatMul loses it."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(64, 32)).astype(np.float32), rng.normal(size=(32, 8)).astype(np.float32)
+
+    def model() -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
+            [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+    scaled = model()
+    assert quantize.row_scaled(scaled, {"first"}) == 1
+    onnx.checker.check_model(scaled)
+    assert [n.op_type for n in scaled.graph.node][-2:] == ["Mul", "MatMul"]  # "second" untouched
+    x = rng.normal(size=(6, 64)).astype(np.float32)
+    x[0] *= 1000  # one token with large activations
+    x[1] = 0
+    expected = x @ w1 @ w2
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    got = run(scaled)
+    assert np.isfinite(got).all() and np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+    errors = []
+    for m in (model(), scaled):
+        onnx.save(m, str(tmp_path / "f.onnx"))
+        quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), per_channel=True, reduce_range=True,
+                         weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], nodes_to_exclude=["second"])
+        got = run(onnx.load(str(tmp_path / "q.onnx")))
+        errors.append(np.abs(got[2:] - expected[2:]).max() / np.abs(expected[2:]).max())  # the ordinary rows
+    plain, rows = errors
+    assert rows < 0.05 and rows < plain / 10
+
+
 def test_plain_layer_norms_compute_what_skip_layer_normalization_does():
     """int8's SkipLayerNormalizations become Sum + LayerNormalization: the same values, a Sum that onnxruntime does
     not fuse back into SkipLayerNormalization (it does with Add), and left alone where a later output is read."""
@@ -310,8 +355,8 @@ def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
     config = encoder.transformer.config
     fused = quantize.fuse(tmp_path / "e" / "model.onnx", tmp_path / "fused.onnx", config.num_attention_heads,
                           config.hidden_size)
-    for precise in ("blocks", "float32"):  # int8, int8-avx2
-        quantize.build_int8(fused, tmp_path / "int8.onnx", precise_ffn_outputs=precise)
+    for _, by, layers in quantize.INT8_GRAPHS.values():
+        quantize.build_int8(fused, tmp_path / "int8.onnx", precise_by=by, layers=layers)
         assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
     quantize_dynamic(str(fused), str(tmp_path / "8bit.onnx"), per_channel=True, weight_type=QuantType.QInt8,
                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
@@ -328,6 +373,6 @@ def test_build_int8_refuses_weights_that_would_saturate(encoder, tmp_path, monke
     monkeypatch.setattr(quantization, "quantize_dynamic", lambda *a, **kw: real(*a, **{**kw, "reduce_range": False}))
     export_onnx(encoder, tmp_path / "e", fp16=False)
     manifest = Manifest.load(tmp_path / "e")
-    for name, (file, _) in quantize.INT8_GRAPHS.items():
+    for name, (file, _, _) in quantize.INT8_GRAPHS.items():
         assert name not in manifest.variants and not (tmp_path / "e" / file).exists()
         assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out[name]

@@ -303,8 +303,8 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
     others and the verified fp32 graph are written all the same."""
     builders: dict[str, tuple[str, Callable[[Path, Path], None]]] = {}
     if int8:
-        builders.update({name: (file, functools.partial(quantize.build_int8, precise_ffn_outputs=precise))
-                         for name, (file, precise) in quantize.INT8_GRAPHS.items()})
+        builders.update({name: (file, functools.partial(quantize.build_int8, precise_by=by, layers=layers))
+                         for name, (file, by, layers) in quantize.INT8_GRAPHS.items()})
     if fp16:
         builders["fp16"] = (quantize.FP16_FILE, quantize.build_fp16)
     left_out: dict[str, str] = {}

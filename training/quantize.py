@@ -4,8 +4,9 @@ Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`)
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
   and the fused attention, but two early feed-forward outputs quantised by blocks; two fusions that the
   CPU provider runs slowly split back (`build_int8` says which and why);
-- int8-avx2: the same, with those two feed-forward outputs in float32, for x86 CPUs without VNNI, where
-  the blocks' kernel costs more than float32 (`INT8_GRAPHS`; the engine picks by the CPU's flags);
+- int8-avx2: the same, with the feed-forward outputs of layers 0-2 in per-channel int8 over per-row scaled
+  inputs instead, for x86 CPUs without VNNI, where the blocks' kernel costs more than float32 (`INT8_GRAPHS`;
+  the engine picks by the CPU's flags);
 - fp16: weights and activations in float16 for GPUs, inputs and outputs unchanged (int64 in, float32
   out), pooling and L2 normalisation kept in float32 (`build_fp16`).
 Each variant's quality is measured against the fp32 graph the export just verified: cosine on a fixed
@@ -242,21 +243,23 @@ def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
         return fp32_graph
 
 
-#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` keeps out of per-tensor int8
-INT8_PRECISE_FFN_OUTPUTS = (0, 2)
-#: the block of weights (along the input dimension) that shares one scale in those MatMuls
+#: the block of weights (along the input dimension) that shares one scale in MatMulNBits
 INT8_BLOCK_SIZE = 128
 
 
-#: the int8 graphs of an export, by variant: its file and what `build_int8` does with the precise FFN outputs.
-#: "blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart), "float32" for x86 CPUs
-#: without VNNI, where MatMulNBits' per-block kernel costs 175-190 ms per million weights against 115-125 for a
-#: float32 GEMM (one-thread profiles), at the same cosine: faster than the by-blocks graph in 4 of 5 runs on an
-#: AVX2 EPYC, up to 1.16x (0.97-1.16x on short texts, 0.98-1.11x on long ones; RESULTS.md)
-INT8_GRAPHS = {"int8": (INT8_FILE, "blocks"), "int8-avx2": (INT8_AVX2_FILE, "float32")}
+#: the int8 graphs of an export, by variant: its file, how `build_int8` keeps the early feed-forward outputs (the
+#: MatMuls one uint8 scale per tensor resolves worst) precise, and which layers' (counted from the input).
+#: "blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart); "rows" for x86 CPUs
+#: without VNNI, where MatMulNBits' per-block kernel costs 175-190 ms per million weights against 60-70 for a
+#: per-channel int8 GEMM and 115-125 for float32 (one-thread profiles on an AVX2 EPYC; RESULTS.md)
+INT8_GRAPHS = {"int8": (INT8_FILE, "blocks", (0, 2)), "int8-avx2": (INT8_AVX2_FILE, "rows", (0, 1, 2))}
 
 
-def build_int8(source: Path, out: Path, precise_ffn_outputs: str = "blocks") -> None:
+#: how `build_int8` keeps a feed-forward output precise: MatMulNBits (`blockwise_int8`) or per-row scales (`row_scaled`)
+PRECISE_BY = ("blocks", "rows")
+
+
+def build_int8(source: Path, out: Path, precise_by: str = "blocks", layers: tuple[int, ...] = (0, 2)) -> None:
     """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
     call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
@@ -269,13 +272,14 @@ def build_int8(source: Path, out: Path, precise_ffn_outputs: str = "blocks") -> 
       an export made on one failed its golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every
       x86 kernel is exact and gives the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of
       mean cosine to fp32 (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
-    - but the feed-forward output MatMuls of the layers in `INT8_PRECISE_FFN_OUTPUTS` as MatMulNBits with
-      8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute (accuracy_level 4), whose
-      activations are quantised per row and block: the feed-forward output takes the GELU's long-tailed output,
+    - but the feed-forward output MatMuls of `layers` kept precise: they take the GELU's long-tailed output,
       which one uint8 scale per tensor resolves worst, and an early layer's error runs through every later one
-      (all quantised per tensor: mean cosine to fp32 on long texts 0.9885-0.9892, under the gate; these two by
-      blocks: 0.9925, as with them in float32, which costs more on a VNNI CPU and less on an AVX2 one:
-      `precise_ffn_outputs="float32"` keeps them in float32, the int8-avx2 graph);
+      (all quantised per tensor: mean cosine to fp32 on long texts 0.9870-0.9892, under the gate). `precise_by`
+      "blocks": as MatMulNBits with 8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute
+      (accuracy_level 4), whose activations are quantised per row and block (layers 0 and 2: 0.9925); "rows":
+      int8 per channel like the others, with each row (token) of their input scaled to a largest |value| of 1
+      first (`row_scaled`), so the one scale per tensor fits every token (layers 0-2: 0.9916, and no float32
+      or per-block GEMM);
     - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast (the same
       values): SkipLayerNormalization (`plain_layer_norms`) and BiasGelu (`plain_gelu`).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
@@ -284,21 +288,66 @@ def build_int8(source: Path, out: Path, precise_ffn_outputs: str = "blocks") -> 
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    graph = onnx.load(str(source), load_external_data=False).graph
-    if precise_ffn_outputs not in ("blocks", "float32"):
-        raise ValueError(f"precise_ffn_outputs={precise_ffn_outputs!r}: 'blocks' or 'float32'")
-    precise = [name for i, name in enumerate(ffn_outputs(graph)) if i in INT8_PRECISE_FFN_OUTPUTS]
-    quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                     nodes_to_exclude=precise, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    if precise_by not in PRECISE_BY:
+        raise ValueError(f"precise_by={precise_by!r}: one of {PRECISE_BY}")
+    model = onnx.load(str(source))
+    precise = [name for i, name in enumerate(ffn_outputs(model.graph)) if i in layers]
+    if precise_by == "rows":
+        row_scaled(model, set(precise))
+        source = out.with_name(out.name + ".rows.onnx")
+        onnx.save(model, str(source))
+    try:
+        quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+                         nodes_to_exclude=precise if precise_by == "blocks" else [],
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        if precise_by == "rows":
+            source.unlink(missing_ok=True)
     model = onnx.load(str(out))
     if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
         raise ValueError(f"int8 weights past ±{MAX_INT8_WEIGHT} would saturate x86 CPUs without VNNI: {saturating}")
-    if precise_ffn_outputs == "blocks":
+    if precise_by == "blocks":
         blockwise_int8(model, set(precise), INT8_BLOCK_SIZE)
     plain_gelu(model)
     plain_layer_norms(model)
     onnx.save(model, str(out))
     onnx.checker.check_model(str(out))
+
+
+def row_scaled(model, names: set[str]) -> int:
+    """Before each MatMul named (float, constant weight, no bias of its own), its input's rows divided by their
+    largest |value| r, and its product multiplied back by r: x W = r ((x / r) W), the same function. Quantised
+    per tensor afterwards, every row then spans about [-1, 1], so one uint8 scale resolves each token as finely
+    as a scale per row would: the tokens with large activations no longer coarsen everyone else's. Costs a
+    pass over the input (Abs, ReduceMax) and one to scale it; how many MatMuls were wrapped."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    floor = "row_scale_floor"  # an all-zero row: 0 * (1 / floor) = 0, not 0 * inf
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    last_axis = {"axes": [-1]} if opset < 18 else {}  # an attribute until opset 18, an input since
+    nodes, count = [], 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.name not in names:
+            nodes.append(node)
+            continue
+        x, name = node.input[0], node.name
+        nodes += [helper.make_node("Abs", [x], [f"{name}_abs"], name=f"{name}_abs"),
+                  helper.make_node("ReduceMax", [f"{name}_abs"] + ([] if last_axis else ["row_scale_axis"]),
+                                   [f"{name}_rmax"], name=f"{name}_rmax", keepdims=1, **last_axis),
+                  helper.make_node("Max", [f"{name}_rmax", floor], [f"{name}_r"], name=f"{name}_r"),
+                  helper.make_node("Reciprocal", [f"{name}_r"], [f"{name}_inv_r"], name=f"{name}_inv_r"),
+                  helper.make_node("Mul", [x, f"{name}_inv_r"], [f"{name}_rows"], name=f"{name}_rows"),
+                  helper.make_node("MatMul", [f"{name}_rows", node.input[1]], [f"{name}_scaled"], name=name),
+                  helper.make_node("Mul", [f"{name}_scaled", f"{name}_r"], list(node.output), name=f"{name}_unscale")]
+        count += 1
+    if count:
+        graph.initializer.append(numpy_helper.from_array(np.array(1e-12, np.float32), floor))
+        if not last_axis:
+            graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "row_scale_axis"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return count
 
 
 #: onnxruntime's session option for its exact uint8 x int8 kernel on x86 CPUs without VNNI ("1"; slower), which
