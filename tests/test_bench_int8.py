@@ -36,3 +36,26 @@ def test_the_int8_profile_shows_where_time_goes_and_that_the_kernels_agree(defau
         assert re.search(rf"DynamicQuantizeMatMul +{gemms[name]} ", text) and re.search(r"QAttention +6 ", text)
         assert ("MatMulNBits" in text) == (name == "int8") and ("ReduceMax" in text) == (name == "int8-avx2")
         assert "max |default int8 kernel - exact kernel|: golden sentences 0.0e+00, long texts 0.0e+00" in text
+
+
+def test_int8_configs_builds_the_row_scaled_settings(tiny_model_dir, tmp_path):
+    """`python -m benchmarks.int8_configs "7-bit, rows: ..."`: the row-scaled candidates RESULTS.md compares are
+    built by the repo's own functions, with the rows named and every MatMul int8."""
+    import onnx
+
+    from benchmarks.int8_configs import CONFIGS, build
+    from core.encoder import SentenceEncoder
+    from training.export import export_onnx
+    from training.quantize import fuse
+
+    encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
+    export_onnx(encoder, tmp_path / "e", int8=False, fp16=False)
+    config = encoder.transformer.config
+    plain = tmp_path / "e" / "model.onnx"
+    fused = fuse(plain, tmp_path / "fused.onnx", config.num_attention_heads, config.hidden_size)
+    expected = {"7-bit, rows: FFN outputs of layers 0, 2": 1, "7-bit, rows: all 6 FFN inputs and outputs": 4}
+    for name, row_scaled_matmuls in expected.items():  # the tiny model has 2 layers: its own
+        assert name in CONFIGS
+        build(name, fused, plain, tmp_path / "int8.onnx")
+        ops = [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx"), load_external_data=False).graph.node]
+        assert ops.count("ReduceMax") == row_scaled_matmuls and "MatMulInteger" in ops
