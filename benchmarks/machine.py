@@ -7,20 +7,14 @@ import os
 import platform
 from pathlib import Path
 
-from service.engine.backends.cpu import cpu_flags
+from service.engine.backends.cpu import cpu_flags, cpuinfo_field
 
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
 
 
 def cpu_line() -> str:
     """CPU model, cores, the SIMD flags that matter to onnxruntime and FAISS, Python, load average."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("unknown CPU", ""):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    model = cpuinfo_field(("model name",)) or platform.processor() or "unknown CPU"
     flags = cpu_flags() or set()
     shown = [f for f in FLAGS if f in flags]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

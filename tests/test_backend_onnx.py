@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.engine.backends import padded_length
-from service.engine.backends.cpu import cpu_flags, int8_for_cpu, physical_cores
+from service.engine.backends.cpu import cpu_flags, cpuinfo_field, int8_for_cpu, physical_cores
 from service.engine.backends.onnx import OnnxBackend
 
 
@@ -57,7 +57,10 @@ def test_physical_cores_counts_hyperthreads_once(tmp_path, monkeypatch):
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
-    (tmp_path / "x86").write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512_vnni\n\nprocessor\t: 1\n")
+    (tmp_path / "x86").write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n"
+                                  "flags\t\t: fpu sse2 avx2 fma avx512_vnni\n\nprocessor\t: 1\nmodel name\t: another\n")
+    assert cpuinfo_field(("model name",), tmp_path / "x86") == "AMD EPYC 9R14"  # the first CPU's
+    assert cpuinfo_field(("model name",), tmp_path / "absent") is None
     (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd asimddp\n")
     assert cpu_flags(tmp_path / "x86") == {"fpu", "sse2", "avx2", "fma", "avx512_vnni"}
     assert cpu_flags(tmp_path / "arm") == {"fp", "asimd", "asimddp"}

@@ -27,10 +27,16 @@ def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
     """The CPU's feature flags (x86 "flags", ARM "Features"), None where the system does not say (not Linux)."""
+    value = cpuinfo_field(("flags", "Features"), cpuinfo)
+    return None if value is None else set(value.split())
+
+
+def cpuinfo_field(names: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first CPU's value of the first of `names` in /proc/cpuinfo; None where there is none (not Linux)."""
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(names):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
@@ -46,10 +52,11 @@ def int8_for_this_cpu(variants: Collection[str]) -> str | None:
 
 
 def int8_for_cpu(variants: Collection[str], flags: set[str] | None, machine: str) -> str | None:
-    """Which of the export's int8 graphs to serve on a CPU, None if it has neither: "int8-avx2" (float32
-    feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was faster in 4 of 5 runs
-    (up to 16 %) at the same cosine; "int8" anywhere else, where it was measured faster (VNNI) or nothing was
-    measured (ARM). Either one when it is the only one: each gives its recorded vectors on every x86 CPU."""
+    """Which of the export's int8 graphs to serve on a CPU, None if it has neither: "int8-avx2" (row-scaled
+    per-channel int8 feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was
+    faster in every run at the same cosine or better (RESULTS.md); "int8" anywhere else, where it was measured
+    faster (VNNI) or nothing was measured (ARM). Either one when it is the only one: each gives its recorded vectors
+    on every x86 CPU."""
     without_vnni = flags is not None and is_x86(machine) and not flags & VNNI_FLAGS
     order = ("int8-avx2", "int8") if without_vnni else ("int8", "int8-avx2")
     return next((v for v in order if v in variants), None)
