@@ -68,7 +68,7 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "machine", "variants", "served"), [
-    ({"avx2", "fma"}, "x86_64", {"fp32", "int8", "int8-avx2"}, "int8-avx2"),  # AVX2 only: float32 FFN outputs
+    ({"avx2", "fma"}, "x86_64", {"fp32", "int8", "int8-avx2"}, "int8-avx2"),  # AVX2 only: row-scaled FFN outputs
     ({"avx2", "avx512f", "avx512bw"}, "x86_64", {"int8", "int8-avx2"}, "int8-avx2"),  # AVX-512 without VNNI
     ({"avx2", "avx512f", "avx512_vnni"}, "x86_64", {"int8", "int8-avx2"}, "int8"),  # VNNI: by blocks
     ({"avx2", "avx_vnni"}, "x86_64", {"int8", "int8-avx2"}, "int8"),  # VEX VNNI (Alder Lake, Zen 5)
