@@ -53,10 +53,10 @@ def int8_for_this_cpu(variants: Collection[str]) -> str | None:
 
 def int8_for_cpu(variants: Collection[str], flags: set[str] | None, machine: str) -> str | None:
     """Which of the export's int8 graphs to serve on a CPU, None if it has neither: "int8-avx2" (row-scaled
-    per-channel int8 feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was
-    faster in every run at the same cosine or better (RESULTS.md); "int8" anywhere else, where it was measured
-    faster (VNNI) or nothing was measured (ARM). Either one when it is the only one: each gives its recorded vectors
-    on every x86 CPU."""
+    per-channel int8 feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was the
+    faster in 3 of 4 side-by-side figures (short and long texts, two runs; RESULTS.md) at the same cosine; "int8"
+    anywhere else, where it was measured faster (VNNI) or nothing was measured (ARM). Either one when it is the only
+    one: each gives its recorded vectors on every x86 CPU."""
     without_vnni = flags is not None and is_x86(machine) and not flags & VNNI_FLAGS
     order = ("int8-avx2", "int8") if without_vnni else ("int8", "int8-avx2")
     return next((v for v in order if v in variants), None)
