@@ -76,7 +76,8 @@ def build(name: str, fused: Path, plain: Path, out: Path) -> None:
 
     options = dict(CONFIGS[name])
     source = fused if options.pop("fuse", True) else plain
-    graph = onnx.load(str(source), load_external_data=False).graph
+    model = onnx.load(str(source))
+    graph = model.graph
 
     def nodes_of(choice: list[tuple[str, Iterable[int]]]) -> list[str]:
         named = []
@@ -87,14 +88,10 @@ def build(name: str, fused: Path, plain: Path, out: Path) -> None:
         return named
 
     exclude = nodes_of(options.pop("exclude", []))
-    if rows := nodes_of(options.pop("rows", [])):
-        model = onnx.load(str(source))
-        row_scaled(model, set(rows))
-        source = out.with_name("rows.onnx")
-        onnx.save(model, str(source))
+    row_scaled(model, set(nodes_of(options.pop("rows", []))))
     extra = {"DefaultTensorType": onnx.TensorProto.FLOAT, **options.pop("extra_options", {})}
     weight_type = getattr(QuantType, options.pop("weight_type", "QInt8"))
-    quantize_dynamic(str(source), str(out), per_channel=options.pop("per_channel", True), weight_type=weight_type,
+    quantize_dynamic(model, str(out), per_channel=options.pop("per_channel", True), weight_type=weight_type,
                      nodes_to_exclude=exclude, extra_options=extra, **options)
 
 

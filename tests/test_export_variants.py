@@ -229,6 +229,17 @@ def test_drop_repeated_nodes_removes_exact_repeats_only():
     assert quantize._drop_repeated_nodes(graph) == 0 and len(graph.node) == 3
 
 
+def _two_matmuls(w1: np.ndarray, w2: np.ndarray, opset: int = 17) -> onnx.ModelProto:
+    """x @ w1 @ w2 as two MatMuls named "first" and "second", x of any number of rows."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+         helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, w1.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, w2.shape[1]])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
 def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
     """int8's block-quantised MatMuls (MatMulNBits, 8 bits, int8 compute) give the float MatMul's result to int8
     precision, with K not a multiple of the block (padded), and leave the MatMuls not named alone."""
@@ -236,13 +247,7 @@ def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
 
     rng = np.random.default_rng(0)
     w1, w2 = rng.normal(size=(80, 24)).astype(np.float32), rng.normal(size=(24, 8)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
-         helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 80])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
-        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = _two_matmuls(w1, w2)
     assert quantize.blockwise_int8(model, {"first"}, block_size=32) == 1
     assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "MatMul"]
     onnx.checker.check_model(model)
@@ -264,13 +269,7 @@ def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp
     w1, w2 = rng.normal(size=(64, 32)).astype(np.float32), rng.normal(size=(32, 8)).astype(np.float32)
 
     def model() -> onnx.ModelProto:
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
-             helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
-            [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")])
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+        return _two_matmuls(w1, w2, opset)
 
     scaled = model()
     assert quantize.row_scaled(scaled, {"first"}) == 1
@@ -288,8 +287,7 @@ def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp
     assert np.isfinite(got).all() and np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
     errors = []
     for m in (model(), scaled):
-        onnx.save(m, str(tmp_path / "f.onnx"))
-        quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), per_channel=True, reduce_range=True,
+        quantize_dynamic(m, str(tmp_path / "q.onnx"), per_channel=True, reduce_range=True,
                          weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], nodes_to_exclude=["second"])
         got = run(onnx.load(str(tmp_path / "q.onnx")))
         errors.append(np.abs(got[2:] - expected[2:]).max() / np.abs(expected[2:]).max())  # the ordinary rows

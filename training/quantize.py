@@ -294,15 +294,9 @@ def build_int8(source: Path, out: Path, precise_by: str = "blocks", layers: tupl
     precise = [name for i, name in enumerate(ffn_outputs(model.graph)) if i in layers]
     if precise_by == "rows":
         row_scaled(model, set(precise))
-        source = out.with_name(out.name + ".rows.onnx")
-        onnx.save(model, str(source))
-    try:
-        quantize_dynamic(str(source), str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                         nodes_to_exclude=precise if precise_by == "blocks" else [],
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    finally:
-        if precise_by == "rows":
-            source.unlink(missing_ok=True)
+    quantize_dynamic(model, str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+                     nodes_to_exclude=precise if precise_by == "blocks" else [],
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
     if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
         raise ValueError(f"int8 weights past ±{MAX_INT8_WEIGHT} would saturate x86 CPUs without VNNI: {saturating}")
