@@ -55,10 +55,12 @@ def weights_by_node(optimized: Path) -> dict[str, int]:
             if len(node.input) > 1 and node.input[1] in sizes and sizes[node.input[1]] >= 4096}
 
 
-def profile(graph: Path, feeds: list[dict[str, np.ndarray]]) -> list[tuple[str, int, float, float | None]]:
-    """(op type, nodes, ms per batch, ms per batch and million weights) by op type, most time first."""
+def profile(graph: Path, feeds: list[dict[str, np.ndarray]],
+            threads: int = 1) -> list[tuple[str, int, float, float | None]]:
+    """(op type, nodes, ms per batch, ms per batch and million weights) by op type, most time first. With more
+    than one thread a kernel's time is the wall time of its parallel section."""
     with tempfile.TemporaryDirectory(prefix="sembed-int8-profile-") as tmp:
-        sess = session(graph, threads=1, profile_dir=Path(tmp))
+        sess = session(graph, threads=threads, profile_dir=Path(tmp))
         for batch in feeds:
             sess.run(None, batch)
         events = json.loads(Path(sess.end_profiling()).read_text())
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", action="append", default=[], help="profile this graph file instead of the "
                         "export's int8 variants (repeatable)")
     parser.add_argument("--long", type=int, default=160, help="long texts: batches of 32, the first a warm-up")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (the service uses the "
+                        "physical cores)")
     args = parser.parse_args(argv)
 
     from tokenizers import Tokenizer
@@ -110,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         name: args.model_dir / entry["file"] for name, entry in (manifest.get("variants") or {}).items()
         if name.startswith("int8")}
     print(machine.cpu_line())
-    print(f"{len(long)} long texts, batches of 32 ({len(feeds) - 1} profiled after a warm-up); one thread\n")
+    print(f"{len(long)} long texts, batches of 32 ({len(feeds) - 1} profiled after a warm-up); "
+          f"{args.threads} thread(s)\n")
     if not graphs:
         print("no int8 graph: the export has no int8 variant and no --graph was given")
         return 1
     for name, graph in graphs.items():
-        rows = profile(graph, feeds)
+        rows = profile(graph, feeds, args.threads)
         total = sum(ms for _, _, ms, _ in rows)
         print(f"{name} ({graph.name}): {total:.0f} ms per batch of 32")
         print(f"  {'op':<34}{'nodes':>6}{'ms/batch':>10}{'share':>8}{'ms per M weights':>18}")
