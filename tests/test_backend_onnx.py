@@ -170,6 +170,57 @@ def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export,
     assert OnnxBackend(default_export, variant="fp16", pad_to_multiple_of=1)._golden_tolerance == GOLDEN_TOLERANCE
 
 
+def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_export, monkeypatch):
+    """CUDA kernels plan once per input shape: single-text load must not make every pass a new shape. No GPU
+    here: a recording session stands in for onnxruntime's CUDA one (IO binding), answering one row per input."""
+    import onnxruntime as ort
+
+    from service.engine.backends.base import Tokenized
+    from service.engine.backends.onnx import CUDA_ROW_BUCKETS, row_bucket
+
+    assert not OnnxBackend(default_export, pad_to_multiple_of=1).row_buckets  # a CPU has no shape planning to avoid
+    shapes = []
+
+    class Binding:
+        def __init__(self):
+            self.inputs = {}
+
+        def bind_cpu_input(self, name, array):
+            self.inputs[name] = array
+
+        def bind_output(self, name, device):
+            assert device == "cuda"
+
+        def get_outputs(self):
+            ids = self.inputs["input_ids"]
+            shapes.append(ids.shape)
+            out = np.repeat(ids[:, :1].astype(np.float32), 384, axis=1)  # row i carries its first token id
+            return [type("Value", (), {"numpy": lambda self, a=out: a})()] * 2
+
+    class Session:
+        def __init__(self, path, options, providers):
+            pass
+
+        def io_binding(self):
+            return Binding()
+
+        def run_with_iobinding(self, binding, options):
+            pass
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "InferenceSession", Session)
+    monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
+    backend = OnnxBackend(default_export, device="cuda")
+    for rows in (1, 3, 9, 200, 1000):
+        items = [Tokenized(np.array([101 + i, 7, 102])) for i in range(rows)]
+        normalized, raw = backend.run(items, 8)
+        assert shapes[-1] == (row_bucket(rows), 8) and row_bucket(rows) in CUDA_ROW_BUCKETS
+        assert normalized.shape == raw.shape == (rows, 384) and list(normalized[:, 0]) == [101 + i for i in range(rows)]
+    assert [row_bucket(n) for n in (1, 2, 3, 17, 25, 100, 1024, 1025)] == [1, 2, 4, 24, 32, 128, 1024, 2048]
+    assert OnnxBackend(default_export, device="cuda", row_buckets=False).run(items[:9], 8)[0].shape == (9, 384)
+    assert shapes[-1] == (9, 8)
+
+
 def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_export, tmp_path):
     import json
     import shutil
