@@ -434,12 +434,43 @@ def model_rate(export_dir: Path, variant: str, rows: int = 256, length: int = 12
     return done / (time.perf_counter() - start)
 
 
+def shape_costs(export_dir: Path, variant: str, device: str = "cuda", passes: int = 80, max_rows: int = 256) -> dict:
+    """Milliseconds per pass of short rows (14 tokens, padded to 16), each pass a row count drawn from 1..max_rows
+    as single-text load makes them, with the CUDA row buckets on and off; then the first 20 shapes once more. A
+    kernel that plans once per input shape shows as new shapes costing more than seen ones."""
+    import numpy as np
+
+    from service.engine.backends import Tokenized
+    from service.engine.backends.onnx import OnnxBackend
+
+    counts = [int(r) for r in np.random.default_rng(0).integers(1, max_rows + 1, passes)]
+    out = {}
+    for buckets in (False, True):
+        backend = OnnxBackend(export_dir, device=device, variant=variant, row_buckets=buckets, pad_to_multiple_of=8)
+        backend.warmup()
+        times = []
+        for rows in counts + counts[:20]:
+            items = [Tokenized(np.random.default_rng(rows + i).integers(1000, 29000, 14)) for i in range(rows)]
+            start = time.perf_counter()
+            backend.run(items, 16)
+            times.append((time.perf_counter() - start) * 1e3)
+        out["row buckets" if buckets else "no row buckets"] = {
+            "median_ms": float(np.median(times[:passes])), "max_ms": max(times[:passes]),
+            "seen_again_ms": float(np.mean(times[passes:]))}
+    return out
+
+
 def bench_gpu(wrk: str, export_dir: Path, texts: list[str], args) -> dict:
     """fp32 and fp16 in process at batch 32 and 256, then the service on CUDA under the same load phases."""
     from service.manifest import Manifest
 
     variants = ["fp32"] + (["fp16"] if "fp16" in (Manifest.load(export_dir).variants or {}) else [])
-    out: dict = {"variants": variants, "in_process": {}, "model_only": {}, "service": {}}
+    out: dict = {"variants": variants, "in_process": {}, "model_only": {}, "shapes": {}, "service": {}}
+    for variant in variants:
+        out["shapes"][variant] = shape_costs(export_dir, variant)
+        for mode, t in out["shapes"][variant].items():
+            print(f"{variant}, {mode}: 80 passes of 1-256 short rows, each a random count: median {t['median_ms']:.1f} "
+                  f"ms, max {t['max_ms']:.1f}; 20 of those shapes again: {t['seen_again_ms']:.1f} ms", flush=True)
     for variant in variants:
         out["model_only"][variant] = model_rate(export_dir, variant)
         print(f"the graph alone on CUDA, {variant}, 256 rows of 128 tokens: {out['model_only'][variant]:,.0f} "

@@ -85,27 +85,29 @@ def batches_of(tokenizer, texts: list[str], with_type_ids: bool) -> list[dict[st
     return out
 
 
-def ours(export_dir: Path, variant: str = "fp32", graph_file: str | None = None, spin: bool | None = None):
+def ours(export_dir: Path, variant: str = "fp32", graph_file: str | None = None, spin: bool | None = None,
+         threads: int = 0):
     """One of our graphs in the session the service makes for it (service.engine.backends.onnx, with the
-    service's settings: threads, spinning)."""
+    service's settings: threads unless given, spinning)."""
     from service.engine.backends.onnx import OnnxBackend
     from service.settings import Settings
 
     settings = Settings()
     backend = OnnxBackend(export_dir, variant=variant, graph_file=graph_file, verify=graph_file is None,
-                          intra_op_threads=settings.intra_op_threads,
+                          intra_op_threads=threads or settings.intra_op_threads,
                           spin=settings.intra_op_spinning if spin is None else spin)
     names = {i.name for i in backend.session.get_inputs()}
     return lambda feeds: backend.session.run(["embedding"], {k: v for k, v in feeds.items() if k in names})[0]
 
 
-def anchor(graph: Path, spin: bool = True):
+def anchor(graph: Path, spin: bool = True, threads: int = 0):
     """The anchor's graph as sentence-transformers runs it: a default onnxruntime session (`spin`=False: with
-    the threads' spinning off, as ours can run), then mean pooling over the attention mask and L2
-    normalisation of its token embeddings."""
+    the threads' spinning off, as ours can run; `threads`: as many as ours are given), then mean pooling over
+    the attention mask and L2 normalisation of its token embeddings."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", type=int, default=128, help="long texts per pass")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (each figure: their median)")
     parser.add_argument("--no-sts", action="store_true", help="skip the 7-task STS of each contender")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="intra-op threads of every contender, the anchor's too (default: the service's for "
+                        "ours, onnxruntime's for the anchor), e.g. a many-core host's figure for a 2-core machine")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
 
@@ -193,22 +198,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"anchor: export_dynamic_quantized_onnx_model(model, {config!r}) (this CPU: {arch}, "
           f"{'VNNI' if 'avx512_vnni' in flags else 'no AVX-512 VNNI'}); ours as served here: {served}")
     print(f"texts: {len(short)} short, {len(long)} long; batch {BATCH} sorted by length; {args.rounds} rounds, "
-          "median\n", flush=True)
+          f"median; intra-op threads: {args.threads or 'the service default (ours), onnxruntime default (anchor)'}\n",
+          flush=True)
 
     # Spinning (threads busy-waiting within a pass) is onnxruntime's default and the service's, and wins on an
     # idle CPU; on a busy one it loses, and by more than the graphs differ: both sides are also run without it.
     anchor_name = f"anchor int8 ({config})"
-    contenders = {"fp32": ours(args.model_dir), anchor_name: anchor(anchor_graph),
-                  f"{anchor_name}{NO_SPIN}": anchor(anchor_graph, spin=False)}
+    threads = args.threads
+    contenders = {"fp32": ours(args.model_dir, threads=threads), anchor_name: anchor(anchor_graph, threads=threads),
+                  f"{anchor_name}{NO_SPIN}": anchor(anchor_graph, spin=False, threads=threads)}
     for v in shipped:
-        contenders[v] = ours(args.model_dir, variant=v)
-        contenders[f"{v}{NO_SPIN}"] = ours(args.model_dir, variant=v, spin=False)
+        contenders[v] = ours(args.model_dir, variant=v, threads=threads)
+        contenders[f"{v}{NO_SPIN}"] = ours(args.model_dir, variant=v, spin=False, threads=threads)
     for spec in args.candidate:
         name, _, graph = spec.partition("=")
         graph, _, option = graph.partition("@")  # GRAPH@nospin: without the service's spinning
         contenders[name + (NO_SPIN if option == "nospin" else "")] = ours(
             args.model_dir, variant="int8" if shipped else "fp32", graph_file=str(Path(graph).resolve()),
-            spin=False if option == "nospin" else None)
+            spin=False if option == "nospin" else None, threads=threads)
 
     rates: dict[str, dict[str, list[float]]] = {n: {w: [] for w in contenders} for n in texts}
     cpu_rates: dict[str, dict[str, list[float]]] = {n: {w: [] for w in contenders} for n in texts}

@@ -72,3 +72,11 @@ def test_percentiles_of_a_merged_histogram():
     assert frontend.percentile(histogram, 0.5) == 100
     assert frontend.percentile(histogram, 0.99) == 200
     assert frontend.percentile(histogram, 1.0) == 5000
+
+
+def test_shape_costs_times_passes_of_random_row_counts_with_and_without_row_buckets(default_export):
+    """The GPU bench's per-shape planning measurement, run for real on the CPU (where buckets change nothing)."""
+    costs = frontend.shape_costs(default_export, "fp32", device="cpu", passes=4, max_rows=3)
+    assert set(costs) == {"no row buckets", "row buckets"}
+    for t in costs.values():
+        assert 0 < t["median_ms"] <= t["max_ms"] and t["seen_again_ms"] > 0
