@@ -28,9 +28,9 @@ class Settings(BaseSettings):
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda fails at start if onnxruntime has no CUDA")
     variant: Literal["fp32", "int8", "fp16"] | None = Field(None, description="which graph of the export to run "
                                                             "(its manifest lists what it has; one it lacks is served "
-                                                            "as fp32, with a warning); int8: the export's int8 graph "
-                                                            "for this CPU (int8-avx2 on x86 without VNNI); unset: "
-                                                            "fp16 on cuda "
+                                                            "as fp32, with a warning); int8: the export's int8 graph, "
+                                                            "the same on every CPU (an older export's int8-avx2 where "
+                                                            "it has one); unset: fp16 on cuda "
                                                             "where the export has one (written only when it passed "
                                                             "its quality gate), else fp32")
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "

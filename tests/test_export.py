@@ -152,17 +152,18 @@ def test_export_cli(tiny_model_dir, tmp_path, capsys):
 FIXTURE_DATA = Path(__file__).parent / "fixtures" / "eval"
 
 
-# the graph ops of each int8 (QAttention, MatMulInteger, MatMulNBits, MatMul, ReduceMax): all quantised per channel
-# but the feed-forward output MatMuls of layers 0 and 2, by blocks in int8; in int8-avx2 those of layers 0-2 per
-# channel too, each input's rows scaled first (the pooling's MatMul has no weight)
-INT8_OPS = {"int8": (6, 16, 2, 1, 0), "int8-avx2": (6, 18, 0, 1, 3)}
+# the int8 graph's ops: every MatMul and the attention quantised per channel (QAttention, MatMulInteger), the
+# feed-forward outputs of layers 0-2 each over its input's rows scaled first (ReduceMax), no MatMulNBits (whose
+# kernels differ per instruction set), and the pooling's MatMul, which has no weight, left in float
+INT8_OPS = {"QAttention": 6, "MatMulInteger": 18, "MatMulNBits": 0, "MatMul": 1, "ReduceMax": 3}
 
 
-@pytest.mark.parametrize("variant", ["int8", "int8-avx2"])
-def test_the_export_carries_each_int8_graph_with_its_measured_quality(default_export, variant, tmp_path):
+def test_the_export_carries_one_int8_graph_for_every_cpu_with_its_measured_quality(default_export, tmp_path):
     manifest = Manifest.load(default_export)
-    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2", "fp16"}
-    int8 = manifest.variants[variant]
+    assert set(manifest.variants) == {"fp32", "int8", "fp16"} and manifest.variants_left_out == {}
+    assert sorted(p.name for p in default_export.glob("*.onnx")) == ["model.fp16.onnx", "model.int8.onnx",
+                                                                     "model.onnx"]
+    int8 = manifest.variants["int8"]
     assert int8["sha256"] == sha256_file(default_export / int8["file"])
     quality = int8["quality"]
     # the gate: at least 0.99 on the short sentences and on the long passages, measured here on the CPU
@@ -170,7 +171,7 @@ def test_the_export_carries_each_int8_graph_with_its_measured_quality(default_ex
     assert quality["min_cosine_to_fp32_long"] <= quality["mean_cosine_to_fp32_long"]
     assert quality["stsb_dev_delta"] is None and quality["measured_on"] == "cpu"
     texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday."]
-    quantised = OnnxBackend(default_export, variant=variant)
+    quantised = OnnxBackend(default_export, variant="int8")
     quantised.self_check()  # its own recorded golden vectors
     # the same vectors with onnxruntime's exact uint8 x int8 kernel, which CPUs without VNNI run only when asked
     # (EXACT_INT8_KERNEL): the graph's 7-bit weights never saturate the default one (on a VNNI CPU both are the
@@ -188,8 +189,7 @@ def test_the_export_carries_each_int8_graph_with_its_measured_quality(default_ex
     a, b = quantised.encode(texts), OnnxBackend(default_export).encode(texts)
     assert not np.array_equal(a, b) and ((a * b).sum(axis=1) > 0.97).all()  # really int8, and close
     ops = [n.op_type for n in onnx.load(str(default_export / int8["file"]), load_external_data=False).graph.node]
-    assert (ops.count("QAttention"), ops.count("MatMulInteger"), ops.count("MatMulNBits"), ops.count("MatMul"),
-            ops.count("ReduceMax")) == INT8_OPS[variant]
+    assert {op: ops.count(op) for op in INT8_OPS} == INT8_OPS
     # SkipLayerNormalization and BiasGelu as Sum + LayerNormalization and Add + Gelu: faster on onnxruntime's CPU
     assert (ops.count("SkipLayerNormalization"), ops.count("LayerNormalization")) == (0, 12)
     assert (ops.count("BiasGelu"), ops.count("Gelu"), ops.count("Sum"), ops.count("Add")) == (0, 6, 12, 6)
@@ -200,7 +200,7 @@ def test_the_export_carries_each_int8_graph_with_its_measured_quality(default_ex
     run = [n.op_type for n in onnx.load(str(tmp_path / "as-run.onnx"), load_external_data=False).graph.node]
     assert (run.count("SkipLayerNormalization"), run.count("BiasGelu"), run.count("Add"), run.count("Sum")) == \
         (0, 0, 0, 12)
-    assert run.count("DynamicQuantizeMatMul") == INT8_OPS[variant][1] and run.count("Gelu") == 6
+    assert run.count("DynamicQuantizeMatMul") == INT8_OPS["MatMulInteger"] and run.count("Gelu") == 6
     assert (default_export / int8["file"]).stat().st_size < 0.35 * (default_export / "model.onnx").stat().st_size
 
 
@@ -275,26 +275,24 @@ def test_a_variant_below_the_cosine_bar_is_left_out(tiny_model_dir, tmp_path, ca
 def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_path):
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
     kept = export_onnx(encoder, tmp_path / "kept", data_dir=FIXTURE_DATA)
-    for name in ("int8", "int8-avx2", "fp16"):  # measured on the fixture's STS-B dev
+    for name in ("int8", "fp16"):  # measured on the fixture's STS-B dev
         assert kept.variants[name]["quality"]["stsb_dev_delta"] is not None
     refused = export_onnx(encoder, tmp_path / "refused", data_dir=FIXTURE_DATA, max_stsb_drop=-100.0)
     assert set(refused.variants) == {"fp32"} and not (tmp_path / "refused" / "model.int8.onnx").exists()
     assert set(export_onnx(encoder, tmp_path / "plain", int8=False, fp16=False).variants) == {"fp32"}
-    assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8", "int8-avx2"}
+    assert set(export_onnx(encoder, tmp_path / "no-fp16", fp16=False).variants) == {"fp32", "int8"}
 
 
 def test_the_service_serves_the_variant_it_is_told(default_export, tiny_model_dir, tmp_path, caplog):
     from fastapi.testclient import TestClient
 
-    from service.engine.backends.cpu import int8_for_this_cpu
     from service.settings import Settings
     from tests.inprocess import app_in_process
 
     with TestClient(app_in_process(Settings(model_dir=default_export, variant="int8"))) as c:
         info = c.get("/info").json()
-        # the int8 graph for this CPU (int8-avx2 on x86 without VNNI), and /info says which
-        assert info["model_dtype"] == "int8"
-        assert info["variant"] == int8_for_this_cpu(Manifest.load(default_export).variants)
+        # the export's one int8 graph, whatever the CPU, and /info says which
+        assert info["model_dtype"] == "int8" and info["variant"] == "int8"
         assert len(c.post("/embed", json={"inputs": "hello"}).json()[0]) == 384
     # fp16 on the CPU: onnxruntime runs it (most ops in float32 through casts) and it passes its golden check
     with TestClient(app_in_process(Settings(model_dir=default_export, variant="fp16"))) as c:

@@ -46,16 +46,15 @@ def test_an_fp16_build_that_raises_leaves_fp32_and_int8(encoder, tmp_path, monke
     with caplog.at_level(logging.WARNING, logger="sembed.export"):
         manifest = export_onnx(encoder, out)
 
-    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
+    assert set(manifest.variants) == {"fp32", "int8"}
     reason = "building it failed (RuntimeError: two nodes with same node name (X_cast_to_fp32_node))"
     assert manifest.variants_left_out == {"fp16": reason}
-    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int8-avx2.onnx", "model.int8.onnx", "model.onnx"]
+    assert sorted(p.name for p in out.glob("*.onnx")) == ["model.int8.onnx", "model.onnx"]
     # what was written is what the manifest on disk says, and it loads through the service's model
     on_disk = Manifest.load(out)
-    assert set(on_disk.variants) == {"fp32", "int8", "int8-avx2"} and on_disk.variants_left_out == {"fp16": reason}
+    assert set(on_disk.variants) == {"fp32", "int8"} and on_disk.variants_left_out == {"fp16": reason}
     _assert_fp32_served(out, encoder)
     OnnxBackend(out, variant="int8").self_check()
-    OnnxBackend(out, variant="int8-avx2").self_check()
     # the warning names the variant and why, on stderr and through logging (with the traceback)
     assert f"fp16 variant left out: {reason}" in capsys.readouterr().err
     (record,) = [r for r in caplog.records if "variant left out" in r.getMessage()]
@@ -67,38 +66,52 @@ def test_an_int8_build_that_raises_leaves_fp32_and_fp16(encoder, tmp_path, monke
     monkeypatch.setattr(quantize, "build_int8", _boom("quantizer crashed"))
     manifest = export_onnx(encoder, tmp_path / "e")
     assert set(manifest.variants) == {"fp32", "fp16"}
-    assert set(manifest.variants_left_out) == {"int8", "int8-avx2"}
-    assert all("quantizer crashed" in why for why in manifest.variants_left_out.values())
-    assert not (tmp_path / "e" / "model.int8.onnx").exists() and not (tmp_path / "e" / "model.int8-avx2.onnx").exists()
+    assert set(manifest.variants_left_out) == {"int8"} and "quantizer crashed" in manifest.variants_left_out["int8"]
+    assert not (tmp_path / "e" / "model.int8.onnx").exists()
     assert manifest.variants["fp16"]["quality"]["mean_cosine_to_fp32"] >= 0.99  # still measured and gated
     assert "int8 variant left out: building it failed (RuntimeError: quantizer crashed)" in capsys.readouterr().err
     OnnxBackend(tmp_path / "e", variant="fp16").self_check()
 
 
-def test_one_int8_graph_failing_leaves_the_other(encoder, tmp_path, monkeypatch):
-    """Each CPU family's int8 graph stands alone: int8-avx2 failing keeps int8, which the engine then serves on
-    an AVX2 CPU too."""
-    from service.engine.backends.cpu import int8_for_cpu
+#: what exports before the one int8 graph wrote: a by-blocks int8 (for VNNI CPUs) and the row-scaled int8-avx2
+OLD_INT8_GRAPHS = {"int8": (quantize.INT8_FILE, "blocks", (0, 2)),
+                   "int8-avx2": ("model.int8-avx2.onnx", "rows", (0, 1, 2))}
 
-    real = quantize.build_int8
 
-    def no_avx2(source, out, precise_by="blocks", layers=(0, 2)):
-        if precise_by == "rows":
-            raise RuntimeError("no row-scaled FFN outputs today")
-        real(source, out, precise_by, layers)
+def test_an_older_export_with_two_int8_graphs_serves_the_row_scaled_one(encoder, tmp_path, monkeypatch):
+    """An export from before one int8 graph served every CPU lists a by-blocks int8 and int8-avx2: SEMBED_VARIANT=
+    int8 serves int8-avx2 whatever the CPU (the faster, and the one whose vectors no CPU changes); with only its
+    by-blocks int8 (int8-avx2 refused at export, say), that one. Each passes its own golden check."""
+    from service.engine.backends import cpu
+    from service.engine.server import choose_variant
+    from service.settings import Settings
 
-    monkeypatch.setattr(quantize, "build_int8", no_avx2)
-    manifest = export_onnx(encoder, tmp_path / "e", fp16=False)
-    assert set(manifest.variants) == {"fp32", "int8"} and set(manifest.variants_left_out) == {"int8-avx2"}
-    assert int8_for_cpu(manifest.variants, {"avx2", "fma"}, "x86_64") == "int8"
-    OnnxBackend(tmp_path / "e", variant="int8").self_check()
+    monkeypatch.setattr(quantize, "INT8_GRAPHS", OLD_INT8_GRAPHS)
+    out = tmp_path / "old"
+    manifest = export_onnx(encoder, out, fp16=False)
+    monkeypatch.undo()
+    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
+    for name, (file, by, _) in OLD_INT8_GRAPHS.items():
+        ops = {n.op_type for n in onnx.load(str(out / file), load_external_data=False).graph.node}
+        assert ("MatMulNBits" in ops, "ReduceMax" in ops) == (by == "blocks", by == "rows")
+        OnnxBackend(out, variant=name).self_check()
+    settings = Settings(model_dir=out, variant="int8")
+    for flags, machine in (({"avx2", "fma"}, "x86_64"), ({"avx2", "avx512_vnni", "amx_int8"}, "x86_64"),
+                           ({"asimd", "asimddp"}, "aarch64"), (None, "x86_64")):
+        monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr("platform.machine", lambda machine=machine: machine)
+        assert choose_variant(settings, out) == "int8-avx2"
+    record = json.loads((out / "manifest.json").read_text())
+    del record["variants"]["int8-avx2"]
+    (out / "manifest.json").write_text(json.dumps(record))
+    assert choose_variant(settings, out) == "int8"
 
 
 def test_both_builds_raising_still_export_fp32(encoder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quantize, "build_int8", _boom("no int8"))
     monkeypatch.setattr(quantize, "build_fp16", _boom("no fp16"))
     manifest = export_onnx(encoder, tmp_path / "e")
-    assert set(manifest.variants) == {"fp32"} and set(manifest.variants_left_out) == {"int8", "int8-avx2", "fp16"}
+    assert set(manifest.variants) == {"fp32"} and set(manifest.variants_left_out) == {"int8", "fp16"}
     assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
     assert not list(tmp_path.glob(".e-*"))  # no staging folder left behind
     err = capsys.readouterr().err
@@ -112,7 +125,7 @@ def test_a_variant_whose_measuring_raises_is_left_out(encoder, tmp_path, monkeyp
 
     monkeypatch.setattr(quantize, "cpu_float32_ops", broken)  # measured for fp16 only
     manifest = export_onnx(encoder, tmp_path / "e")
-    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
+    assert set(manifest.variants) == {"fp32", "int8"}
     assert manifest.variants_left_out == {
         "fp16": "measuring it failed (ValueError: cannot read the graph onnxruntime would run)"}
     assert not (tmp_path / "e" / "model.fp16.onnx").exists()
@@ -128,7 +141,7 @@ def test_no_reference_to_measure_against_leaves_every_variant_out(encoder, tmp_p
     manifest = export_onnx(encoder, tmp_path / "e")
     assert set(manifest.variants) == {"fp32"}
     why = "measuring fp32's reference vectors failed (OSError: disk full)"
-    assert manifest.variants_left_out == {name: why for name in ("int8", "int8-avx2", "fp16")}
+    assert manifest.variants_left_out == {name: why for name in ("int8", "fp16")}
     assert [p.name for p in (tmp_path / "e").glob("*.onnx")] == ["model.onnx"]
 
 
@@ -136,7 +149,6 @@ def test_a_quality_refusal_is_recorded_with_its_reason(encoder, tmp_path):
     manifest = export_onnx(encoder, tmp_path / "e", min_cosine=1.01)  # no graph is that close
     assert set(manifest.variants) == {"fp32"}
     assert manifest.variants_left_out["int8"].startswith("int8: its mean cosine to fp32 on the short sentences")
-    assert manifest.variants_left_out["int8-avx2"].startswith("int8-avx2: its mean cosine to fp32 on the short")
     assert "(below 1.01)" in manifest.variants_left_out["fp16"]
 
 
@@ -259,7 +271,7 @@ def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
 
 @pytest.mark.parametrize("opset", [17, 18])  # ReduceMax's axes: an attribute, then an input
 def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp_path, opset):
-    """int8-avx2's row-scaled MatMuls compute the same product in float (an all-zero row included: no NaN), leave
+    """int8's row-scaled MatMuls compute the same product in float (an all-zero row included: no NaN), leave
     the MatMuls not named alone, and once quantised per tensor, a row of small values next to one of large
     values keeps its precision, where the plain per-tensor int8 MatMul loses it."""
     import onnxruntime as ort
@@ -353,7 +365,7 @@ def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
     config = encoder.transformer.config
     fused = quantize.fuse(tmp_path / "e" / "model.onnx", tmp_path / "fused.onnx", config.num_attention_heads,
                           config.hidden_size)
-    for _, by, layers in quantize.INT8_GRAPHS.values():
+    for _, by, layers in OLD_INT8_GRAPHS.values():  # today's graph (rows) and older exports' int8 (blocks)
         quantize.build_int8(fused, tmp_path / "int8.onnx", precise_by=by, layers=layers)
         assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
     quantize_dynamic(str(fused), str(tmp_path / "8bit.onnx"), per_channel=True, weight_type=QuantType.QInt8,

@@ -294,7 +294,7 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
 
 def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
               int8: bool, fp16: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """The int8 graphs (one per kind of CPU: `quantize.INT8_GRAPHS`) and fp16 beside fp32, from one pass of
+    """The int8 graph (one for every CPU: `quantize.INT8_GRAPHS`) and fp16 beside fp32, from one pass of
     transformer fusions, each with its quality measured here against fp32 (training/quantize.py), and the
     variants left out with why.
 

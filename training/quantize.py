@@ -2,11 +2,10 @@
 
 Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`), once for both:
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
-  and the fused attention, but two early feed-forward outputs quantised by blocks; two fusions that the
-  CPU provider runs slowly split back (`build_int8` says which and why);
-- int8-avx2: the same, with the feed-forward outputs of layers 0-2 in per-channel int8 over per-row scaled
-  inputs instead, for x86 CPUs without VNNI, where the blocks' kernel costs more than float32 (`INT8_GRAPHS`;
-  the engine picks by the CPU's flags);
+  and the fused attention, the feed-forward outputs of layers 0-2 with their inputs scaled per row first; two
+  fusions that the CPU provider runs slowly split back (`build_int8` says which and why). One graph for every
+  CPU (`INT8_GRAPHS` says why): older exports wrote it as int8-avx2, beside a by-blocks int8 for VNNI CPUs, and
+  the engine serves int8-avx2 from those (service/engine/backends/cpu.py);
 - fp16: weights and activations in float16 for GPUs, inputs and outputs unchanged (int64 in, float32
   out), pooling and L2 normalisation kept in float32 (`build_fp16`).
 Each variant's quality is measured against the fp32 graph the export just verified: cosine on a fixed
@@ -25,7 +24,6 @@ import numpy as np
 log = logging.getLogger("sembed.export")
 
 INT8_FILE = "model.int8.onnx"
-INT8_AVX2_FILE = "model.int8-avx2.onnx"
 FP16_FILE = "model.fp16.onnx"
 #: the export keeps no variant that loses more STS-B dev Spearman (× 100) than this
 MAX_STSB_DROP = 0.5
@@ -247,19 +245,22 @@ def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
 INT8_BLOCK_SIZE = 128
 
 
-#: the int8 graphs of an export, by variant: its file, how `build_int8` keeps the early feed-forward outputs (the
-#: MatMuls one uint8 scale per tensor resolves worst) precise, and which layers' (counted from the input).
-#: "blocks" where int8 products are cheap (VNNI; any CPU the engine does not tell apart); "rows" for x86 CPUs
-#: without VNNI, where MatMulNBits' per-block kernel costs 175-190 ms per million weights against 60-70 for a
-#: per-channel int8 GEMM and 115-125 for float32 (one-thread profiles on an AVX2 EPYC; RESULTS.md)
-INT8_GRAPHS = {"int8": (INT8_FILE, "blocks", (0, 2)), "int8-avx2": (INT8_AVX2_FILE, "rows", (0, 1, 2))}
+#: the int8 graph of an export, by variant: its file, how `build_int8` keeps the early feed-forward outputs (the
+#: MatMuls one uint8 scale per tensor resolves worst) precise, and which layers' (counted from the input). One
+#: graph, "rows", for every CPU: it is the faster one with and without VNNI (vs sentence-transformers' int8,
+#: short / long texts: 1.11x / 1.15x against the by-blocks graph's 1.07x / 1.09x on 2 threads of a 16-core Xeon
+#: with AVX-512 VNNI and AMX; on an AVX2 EPYC MatMulNBits' per-block kernel costs more than float32), at the same
+#: cosine; and it gives the same vectors on every x86 CPU, where MatMulNBits' kernels differ per instruction set:
+#: a by-blocks graph exported on the AVX2 machine was 1.7e-2 off its golden vectors on the Xeon (tolerance 1e-3),
+#: so a service there never became ready (RESULTS.md)
+INT8_GRAPHS = {"int8": (INT8_FILE, "rows", (0, 1, 2))}
 
 
 #: how `build_int8` keeps a feed-forward output precise: MatMulNBits (`blockwise_int8`) or per-row scales (`row_scaled`)
 PRECISE_BY = ("blocks", "rows")
 
 
-def build_int8(source: Path, out: Path, precise_by: str = "blocks", layers: tuple[int, ...] = (0, 2)) -> None:
+def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2)) -> None:
     """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
     call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
@@ -276,7 +277,8 @@ def build_int8(source: Path, out: Path, precise_by: str = "blocks", layers: tupl
       which one uint8 scale per tensor resolves worst, and an early layer's error runs through every later one
       (all quantised per tensor: mean cosine to fp32 on long texts 0.9870-0.9892, under the gate). `precise_by`
       "blocks": as MatMulNBits with 8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute
-      (accuracy_level 4), whose activations are quantised per row and block (layers 0 and 2: 0.9925); "rows":
+      (accuracy_level 4), whose activations are quantised per row and block (layers 0 and 2: 0.9925; older
+      exports' `int8`, rebuilt so for comparison and tests); "rows", the default (`INT8_GRAPHS`):
       int8 per channel like the others, with each row (token) of their input scaled to a largest |value| of 1
       first (`row_scaled`), so the one scale per tensor fits every token (layers 0-2: 0.9916, and no float32
       or per-block GEMM);
@@ -445,7 +447,7 @@ def plain_gelu(model) -> int:
     how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of CPU on a [32, 128, 1536] batch where Sum + Gelu took
     6.5 (one thread; 9.1 against 7.2 with two). The bias goes into the int8 GEMM before it where there is one
     (an Add after its output scale, which onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor
-    less, 2 % of an int8-avx2 pass on long texts); elsewhere a Sum, as in `plain_layer_norms`: onnxruntime fuses
+    less, 2 % of a row-scaled int8 pass on long texts); elsewhere a Sum, as in `plain_layer_norms`: onnxruntime fuses
     Add + Gelu back into BiasGelu."""
     from onnx import helper
 

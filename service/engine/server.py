@@ -27,7 +27,7 @@ from pathlib import Path
 import zmq
 
 from service.engine.backends import create_backend
-from service.engine.backends.cpu import int8_for_this_cpu
+from service.engine.backends.cpu import int8_variant
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
 from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
@@ -195,13 +195,13 @@ class EngineServer:
 
 
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:
-    """The variant asked for (fp32 where the export lacks it; int8: the export's int8 graph for this CPU); unset,
+    """The variant asked for (fp32 where the export lacks it; int8: `int8_variant`, the same on every CPU); unset,
     fp16 on a GPU when the export has one (only a variant that passed its quality gate is in the manifest), else
     fp32."""
     if settings.variant is not None:
         variants = Manifest.load(Path(export_dir)).variants or {}
-        if settings.variant == "int8" and (int8 := int8_for_this_cpu(variants)):
-            log.info("int8: serving the %s graph (%s), the one for this CPU", int8, variants[int8]["file"])
+        if settings.variant == "int8" and (int8 := int8_variant(variants)):
+            log.info("int8: serving the %s graph (%s)", int8, variants[int8]["file"])
             return int8
         if settings.variant == "fp32" or settings.variant in variants:
             return settings.variant

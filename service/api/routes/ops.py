@@ -96,7 +96,7 @@ async def info(request: Request):
         "manifest": _summary(served.info.manifest),
         "models": registry.names(),
         "device": served.info.device,
-        "variant": served.info.variant,  # which graph of the export: fp32, int8, int8-avx2 or fp16
+        "variant": served.info.variant,  # which graph of the export: fp32, int8, fp16 (or an older export's int8-avx2)
         "index_documents": default_documents(request.app.state.index),
         "limits": {
             "max_client_batch_size": s.max_client_batch_size,

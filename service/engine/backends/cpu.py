@@ -1,15 +1,11 @@
-"""What the CPU offers the backend: the cores to run on, and which of an export's int8 graphs runs best on it."""
+"""What the CPU offers the backend: the cores to run on, its flags; and which of an export's int8 graphs to serve,
+the same on every CPU."""
 
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Collection
 from pathlib import Path
-
-#: x86 flags of int8 dot-product instructions: with them onnxruntime's int8 GEMMs run about twice as fast as with
-#: AVX2 alone, and the export's by-blocks int8 graph is the faster one (training.quantize.INT8_GRAPHS)
-VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def physical_cores(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
@@ -42,21 +38,14 @@ def cpuinfo_field(names: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo"))
     return None
 
 
-def is_x86(machine: str) -> bool:
-    return machine.lower() in ("x86_64", "amd64", "i386", "i686")
+def int8_variant(variants: Collection[str]) -> str | None:
+    """Which of the export's int8 graphs SEMBED_VARIANT=int8 serves, None if it has none: "int8-avx2" where an
+    older export has it beside its by-blocks "int8", on every CPU, else "int8" (new exports' only one, row-scaled
+    as int8-avx2 was). The row-scaled graph is the faster on CPUs with VNNI too, at the same cosine, and gives the
+    same vectors on every x86 CPU; MatMulNBits' kernels in the by-blocks one differ per instruction set, so such a
+    graph exported on an AVX2 CPU failed its golden check on a VNNI one (training.quantize.INT8_GRAPHS)."""
+    return next((v for v in ("int8-avx2", "int8") if v in variants), None)
 
 
-def int8_for_this_cpu(variants: Collection[str]) -> str | None:
-    """`int8_for_cpu` on this machine's CPU."""
-    return int8_for_cpu(variants, cpu_flags(), platform.machine())
-
-
-def int8_for_cpu(variants: Collection[str], flags: set[str] | None, machine: str) -> str | None:
-    """Which of the export's int8 graphs to serve on a CPU, None if it has neither: "int8-avx2" (row-scaled
-    per-channel int8 feed-forward outputs where "int8" has blocks) on an x86 CPU known to lack VNNI, where it was the
-    faster in 3 of 4 side-by-side figures (short and long texts, two runs; RESULTS.md) at the same cosine; "int8"
-    anywhere else, where it was measured faster (VNNI) or nothing was measured (ARM). Either one when it is the only
-    one: each gives its recorded vectors on every x86 CPU."""
-    without_vnni = flags is not None and is_x86(machine) and not flags & VNNI_FLAGS
-    order = ("int8-avx2", "int8") if without_vnni else ("int8", "int8-avx2")
-    return next((v for v in order if v in variants), None)
+#: the name the benchmarks call it by (benchmarks/serving.py, int8_anchor.py)
+int8_for_this_cpu = int8_variant
