@@ -147,3 +147,39 @@ def test_the_setting_reaches_the_collections(fake_gpu, monkeypatch, tmp_path):
         assert (index._collections["c"].vectors._gpu_ann is not None) == copied
         assert index.search("c", unit(np.eye(1, DIM) + 0.01), SearchParams(k=1))[0][0].id == "d0"
         index.close()
+
+
+@pytest.mark.skipif(not (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0),
+                    reason="needs a FAISS GPU build and a GPU (make venv-gpu on a GPU machine)")
+@pytest.mark.parametrize("index_type", ["Flat", "IVF64,SQ8", "IVF64,PQ8"])
+def test_on_a_real_gpu_the_copy_answers_as_the_cpu_does(index_type):
+    """No fake: FAISS's own GPU index, against the same collection searched on the CPU."""
+    assert gpu.available()
+    vs, x = filled(index_type, n=20000)
+    cpu, _ = filled(index_type, n=20000, gpu_mode="off")
+    ann = vs._gpu_ann
+    inner = faiss.downcast_index(ann.index) if isinstance(ann, faiss.IndexIDMap) else ann
+    assert type(inner).__name__.startswith("GpuIndex"), type(inner)
+    queries = unit(np.random.default_rng(1).normal(size=(200, DIM)))
+    nprobe = None if index_type == "Flat" else 8
+    scores, slots = vs.search(queries, 10, nprobe=nprobe)
+    want_scores, want_slots = cpu.search(queries, 10, nprobe=nprobe)
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(slots.tolist(), want_slots.tolist())])
+    assert overlap >= 0.99 and np.allclose(np.sort(scores, axis=1), np.sort(want_scores, axis=1), atol=1e-2)
+    dead = np.arange(0, 20000, 7)  # tombstones: asked for k + dead, the dead dropped on the GPU path too
+    vs.kill(dead)
+    _, slots = vs.search(queries, 10, nprobe=nprobe)
+    assert not set(slots.ravel().tolist()) & set(dead.tolist()) and (slots >= 0).all()
+    vs.close()
+    cpu.close()
+
+
+def test_the_gpu_index_bench_compares_the_two_placements_for_real():
+    """`python -m benchmarks.index_gpu` on a tiny set: here both placements are the CPU, and agree."""
+    from benchmarks.index_gpu import compare
+    from benchmarks.index_gpu import unit as bench_unit
+
+    rng = np.random.default_rng(0)
+    r = compare("IVF16,SQ8", bench_unit(rng.normal(size=(2000, DIM))), bench_unit(rng.normal(size=(20, DIM))))
+    assert r["off"]["on"] == "CPU" and r["auto"]["on"] == ("GPU" if gpu.available() else "CPU")
+    assert r["overlap"] >= 0.99 and r["off"]["search_ms"] > 0 and r["auto"]["build_s"] > 0

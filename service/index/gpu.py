@@ -1,7 +1,7 @@
 """Search on a GPU for Flat and IVF collections, when FAISS has GPU support and a GPU is present.
 
 SEMBED_INDEX_GPU=auto (the default) uses GPU 0 when `faiss` has StandardGpuResources and reports a GPU
-(`faiss.get_num_gpus() > 0`, i.e. the faiss-gpu-cu12 wheel, the `gpu` extra, on a machine with CUDA);
+(`faiss.get_num_gpus() > 0`, i.e. the faiss-gpu-cuvs wheel of the `gpu` extra on a machine with CUDA);
 `off` never does. HNSW has no GPU form in FAISS and stays on the CPU.
 
 The CPU side stays the source of truth (slot array, IVF structure, tombstones, filters); a VectorSet
