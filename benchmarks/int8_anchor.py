@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.serving import BATCH, make_texts
-from service.engine.backends.cpu import cpu_flags, int8_for_this_cpu
+from service.engine.backends.cpu import cpu_flags, int8_variant
 
 #: what ours must reach against the anchor's int8 (issue 26)
 MIN_SPEEDUP = 1.2
@@ -194,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     texts = {"short": short, "long": long}
     feeds = {name: batches_of(tokenizer, t, with_type_ids) for name, t in texts.items()}
     shipped = [v for v in (manifest.get("variants") or {}) if v.startswith("int8")]
-    served = int8_for_this_cpu(shipped)  # the one SEMBED_VARIANT=int8 serves here: the targets are its
+    served = int8_variant(shipped)  # the one SEMBED_VARIANT=int8 serves here: the targets are its
     print(f"anchor: export_dynamic_quantized_onnx_model(model, {config!r}) (this CPU: {arch}, "
-          f"{'VNNI' if 'avx512_vnni' in flags else 'no AVX-512 VNNI'}); ours as served here: {served}")
+          f"{'VNNI' if flags & {'avx512_vnni', 'avx_vnni'} else 'no VNNI'}); ours as served here: {served}")
     print(f"texts: {len(short)} short, {len(long)} long; batch {BATCH} sorted by length; {args.rounds} rounds, "
           f"median; intra-op threads: {args.threads or 'the service default (ours), onnxruntime default (anchor)'}\n",
           flush=True)

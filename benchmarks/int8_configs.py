@@ -63,7 +63,7 @@ CONFIGS: dict[str, dict] = {
     # every MatMul int8, some inputs scaled per row first (training.quantize.row_scaled); 7-bit weights as shipped
     **{f"7-bit, rows: {what}": {"reduce_range": True, "rows": rows} for what, rows in (
         ("FFN outputs of layers 0, 2", [("ffn_out", [0, 2])]),
-        ("FFN outputs of layers 0, 1, 2 (int8-avx2)", [("ffn_out", [0, 1, 2])]),
+        ("FFN outputs of layers 0, 1, 2 (the shipped int8)", [("ffn_out", [0, 1, 2])]),
         ("all 6 FFN outputs", [("ffn_out", range(6))]),
         ("all 6 FFN inputs and outputs", [("ffn_out", range(6)), ("ffn_in", range(6))]),
         ("every dense MatMul", [("ffn_out", range(6)), ("ffn_in", range(6)), ("attn_out", range(6))]))},

@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.machine import process_tree
-from service.engine.backends.cpu import int8_for_this_cpu
+from service.engine.backends.cpu import int8_variant
 from service.settings import MEMORY_ONLY
 
 BATCH = 32
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
     # the int8 graph the service picks on this CPU (SEMBED_VARIANT=int8), in process too
-    int8_name = int8_for_this_cpu(manifest.get("variants") or {})
+    int8_name = int8_variant(manifest.get("variants") or {})
     int8_entry = manifest["variants"][int8_name] if int8_name else None
     # Every contender, in process or over HTTP; a service is idle while the others run (its threads do not spin).
     contenders = {"sentence-transformers": sentence_transformers_encoder(st_dir),

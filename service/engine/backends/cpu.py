@@ -45,7 +45,3 @@ def int8_variant(variants: Collection[str]) -> str | None:
     same vectors on every x86 CPU; MatMulNBits' kernels in the by-blocks one differ per instruction set, so such a
     graph exported on an AVX2 CPU failed its golden check on a VNNI one (training.quantize.INT8_GRAPHS)."""
     return next((v for v in ("int8-avx2", "int8") if v in variants), None)
-
-
-#: the name the benchmarks call it by (benchmarks/serving.py, int8_anchor.py)
-int8_for_this_cpu = int8_variant
