@@ -213,10 +213,12 @@ class OnnxBackend:
     def warmup(self) -> None:
         """The first runs allocate and pick kernels: keep them off the first requests (on CUDA, every row
         bucket at the lengths of short texts)."""
-        shapes = [(n, length) for n in CUDA_ROW_BUCKETS for length in (16, 32)] if self.row_buckets else \
-            [(1, 16), (8, 64)]
-        for n, length in shapes:
-            items = self._items(["the " * (length - 2)] * n)  # "the": one token, with [CLS] and [SEP] `length`
+        if self.row_buckets:  # "the": one token, so with [CLS] and [SEP] 16 and 32 tokens
+            batches = [["the " * (length - 2)] * n for n in CUDA_ROW_BUCKETS for length in (16, 32)]
+        else:
+            batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
+        for texts in batches:
+            items = self._items(texts)
             self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
 
     def self_check(self) -> None:
