@@ -177,9 +177,8 @@ def test_on_a_real_gpu_the_copy_answers_as_the_cpu_does(index_type):
 def test_the_gpu_index_bench_compares_the_two_placements_for_real():
     """`python -m benchmarks.index_gpu` on a tiny set: here both placements are the CPU, and agree."""
     from benchmarks.index_gpu import compare
-    from benchmarks.index_gpu import unit as bench_unit
 
     rng = np.random.default_rng(0)
-    r = compare("IVF16,SQ8", bench_unit(rng.normal(size=(2000, DIM))), bench_unit(rng.normal(size=(20, DIM))))
+    r = compare("IVF16,SQ8", unit(rng.normal(size=(2000, DIM))), unit(rng.normal(size=(20, DIM))))
     assert r["off"]["on"] == "CPU" and r["auto"]["on"] == ("GPU" if gpu.available() else "CPU")
     assert r["overlap"] >= 0.99 and r["off"]["search_ms"] > 0 and r["auto"]["build_s"] > 0
