@@ -26,7 +26,8 @@ CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested", "do_copy_in_default
 
 #: On CUDA a pass's row count is padded up to one of these (then to a multiple of the last): onnxruntime's CUDA
 #: kernels pick and plan their algorithms once per input shape, so a load of single-text requests, each pass a new
-#: row count, would pay that planning on pass after pass. Neighbours at most 1.5x apart bound the padding's waste.
+#: row count, would pay that planning on pass after pass. Neighbours at most 1.5x apart bound the padding's waste
+#: (and so what a pass computes beyond the queue's token budget, which counts the rows before this padding).
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
