@@ -171,10 +171,13 @@ def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_expor
     here: a recording session stands in for onnxruntime's CUDA one (IO binding), answering one row per input."""
     import onnxruntime as ort
 
-    from service.engine.backends.base import Tokenized
-    from service.engine.backends.onnx import CUDA_ROW_BUCKETS, row_bucket
+    from service.engine.backends.base import Tokenized, bucketed_rows
+    from service.engine.backends.onnx import CUDA_ROW_BUCKETS
 
-    assert not OnnxBackend(default_export, pad_to_multiple_of=1).row_buckets  # a CPU has no shape planning to avoid
+    def row_bucket(rows):
+        return bucketed_rows(rows, CUDA_ROW_BUCKETS)
+
+    assert OnnxBackend(default_export, pad_to_multiple_of=1).row_buckets == ()  # a CPU has no shape planning to avoid
     shapes = []
 
     class Binding:
@@ -215,6 +218,14 @@ def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_expor
     assert [row_bucket(n) for n in (1, 2, 3, 17, 25, 100, 1024, 1025)] == [1, 2, 4, 24, 32, 128, 1024, 2048]
     assert OnnxBackend(default_export, device="cuda", row_buckets=False).run(items[:9], 8)[0].shape == (9, 384)
     assert shapes[-1] == (9, 8)
+    # warm-up: every bucket at 16 and 32 tokens that the queue can form, no larger pass
+    shapes.clear()
+    backend.warmup(max_batch_tokens=16384, max_batch_requests=1000)
+    assert set(shapes) == {(n, length) for n in CUDA_ROW_BUCKETS for length in (16, 32) if n * length <= 16384}
+    assert (512, 32) in shapes and (1024, 16) in shapes and (768, 32) not in shapes
+    shapes.clear()
+    backend.warmup(max_batch_tokens=4096, max_batch_requests=40)
+    assert {n for n, _ in shapes} == {1, 2, 4, 8, 16, 24, 32, 48} and max(n * t for n, t in shapes) <= 4096
 
 
 def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_export, tmp_path):

@@ -39,7 +39,8 @@ class Harness:
 
 
 def make_engine(**config) -> tuple[Harness, FakeBackend]:
-    backend = FakeBackend(max_seq_length=config.pop("max_seq_length", 64), pad_to_multiple_of=8)
+    backend = FakeBackend(max_seq_length=config.pop("max_seq_length", 64), pad_to_multiple_of=8,
+                          row_buckets=config.pop("row_buckets", ()))
     return Harness(Engine(backend, EngineConfig.from_settings(**config))), backend
 
 
@@ -103,6 +104,28 @@ def test_passes_keep_the_token_budget_the_row_cap_and_similar_lengths():
         pads = [padded_length(n, 8) for n in rows]
         assert max(pads) <= 2 * min(pads)  # grouped by length: nobody is padded past twice its own
     assert max(map(len, backend.passes)) > 1
+
+
+def test_with_row_buckets_the_budget_bounds_the_padded_rows():
+    """On CUDA a pass's row count is padded to a bucket: the queue counts those rows, so the device never
+    computes more than the budget, and a full pass is a bucket's worth of real rows, not a bucket of padding."""
+    from service.engine.backends.onnx import CUDA_ROW_BUCKETS
+
+    engine, backend = make_engine(max_batch_tokens=640, max_batch_requests=1024, row_buckets=CUDA_ROW_BUCKETS)
+    texts = [words(6, f"s{i}") for i in range(300)] + [words(n, f"l{n}") for n in range(7, 40)]
+
+    async def run():
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(engine.embed(texts[i:i + 37])) for i in range(0, len(texts), 37)]
+        await queued(engine)
+        backend.gate.set()
+        return await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+    engine.stop()
+    assert sum(map(len, backend.passes)) == len(texts) and max(backend.padded_tokens) <= 640
+    # 8-token rows: 80 fit the budget unpadded, but 80 rows run as 96; 64 rows are a bucket and fit
+    assert max(map(len, backend.passes)) == 64
 
 
 def test_a_small_request_is_not_starved_by_a_huge_one():

@@ -75,7 +75,7 @@ class Engine:
         # a pass must hold at least one input of the model's full length
         budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
         self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
-                                backend.info.max_seq_length, QueueDeadline)
+                                backend.info.max_seq_length, QueueDeadline, backend.row_buckets)
         self.info = ModelInfo(**{**vars(backend.info), "max_batch_tokens": budget})
         self.admission = Admission(config.max_queue_wait_s)
         self._held_inputs = 0

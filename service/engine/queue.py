@@ -9,7 +9,8 @@ Modelled on TEI's `core/src/queue.rs`, with two changes for a CPU where one pass
   would allow 63 short rows at 256 tokens each).
 
 A pass holds at most `max_batch_requests` rows and `max_batch_tokens` tokens counted *with*
-padding (rows × padded length), which is what the model computes and what bounds its memory.
+padding (rows × padded length, the rows too where the backend pads their count to buckets, as on
+CUDA), which is what the model computes and what bounds its memory.
 Requests whose caller left, or whose deadline passed, are dropped before they reach the model.
 The queue is shared by the submitting thread (put) and the inference thread (next_batch): one lock.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.backends.base import Tokenized, padded_length
+from service.engine.backends.base import Tokenized, bucketed_rows, padded_length
 from service.ipc.messages import TokenBatch
 
 #: a row may be padded to at most this many times its own (padded) length
@@ -119,13 +120,15 @@ class Batch:
 
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
-                 max_seq_length: int, deadline_error: type[Exception] = TimeoutError):
+                 max_seq_length: int, deadline_error: type[Exception] = TimeoutError,
+                 row_buckets: tuple[int, ...] = ()):
         if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
                              f"max_seq_length ({max_seq_length})")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.row_buckets = row_buckets
         self.deadline_error = deadline_error  # what a job whose deadline passed in the queue fails with
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
@@ -184,7 +187,8 @@ class BatchQueue:
         # Least-served job first, then the oldest: the first row always fits (see __init__).
         jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.enqueued_at))
         taken = dict.fromkeys(jobs, 0)
-        multiple, budget, cap = self.pad_to_multiple_of, self.max_batch_tokens, self.max_batch_requests
+        multiple, budget, cap, buckets = (self.pad_to_multiple_of, self.max_batch_tokens, self.max_batch_requests,
+                                          self.row_buckets)
         rows = seq_len = shortest = 0
         open_jobs = jobs
         while open_jobs and rows < cap:
@@ -198,7 +202,8 @@ class BatchQueue:
                 own = -(-job._sorted[position] // multiple) * multiple  # padded_length, inlined: once per row
                 new_len = max(seq_len, own)
                 new_short = min(shortest, own) if rows else own
-                if rows and ((rows + 1) * new_len > budget or new_len > MAX_PADDING_RATIO * new_short):
+                padded_rows = bucketed_rows(rows + 1, buckets) if buckets else rows + 1
+                if rows and (padded_rows * new_len > budget or new_len > MAX_PADDING_RATIO * new_short):
                     continue  # this job's later rows are longer still: it is done for this pass
                 rows += 1
                 taken[job] += 1

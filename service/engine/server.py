@@ -221,7 +221,7 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
                              intra_op_threads=settings.intra_op_threads, pad_to_multiple_of=settings.pad_to_multiple_of,
                              variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning,
                              tensorrt=settings.tensorrt)
-    backend.warmup()
+    backend.warmup(settings.batch_token_budget(), settings.batch_row_cap())
     if hasattr(backend, "self_check"):
         backend.self_check()  # never ready on an export that does not give its recorded vectors
     engine = Engine(backend, EngineConfig.from_settings(settings), metrics)

@@ -35,12 +35,14 @@ def tokenized_rows(batch: TokenBatch) -> list[Tokenized]:
 class Backend(Protocol):
     info: ModelInfo
     pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
+    row_buckets: tuple[int, ...]  # a pass's row count is padded up to one of these (none: not padded)
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim];
         a cross-encoder's scores as both, [n, 1]."""
 
-    def warmup(self) -> None: ...
+    def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
+        """Run the first passes before any request; none larger than the queue forms (None: no bound)."""
 
     def health(self) -> None:
         """Raise if the model cannot run a forward pass."""
@@ -63,6 +65,15 @@ def pad_batch(items: list[Tokenized], seq_len: int, pad_id: int, rows: int | Non
         if item.type_ids is not None:
             types[row, :n] = item.type_ids
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def bucketed_rows(rows: int, buckets: tuple[int, ...]) -> int:
+    """The row count a pass of `rows` inputs runs with: the smallest bucket that holds them, past the last
+    a multiple of it; `rows` itself without buckets."""
+    for bucket in buckets:
+        if rows <= bucket:
+            return bucket
+    return -(-rows // buckets[-1]) * buckets[-1] if buckets else rows
 
 
 def padded_length(longest: int, multiple: int) -> int:

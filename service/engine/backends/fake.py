@@ -17,7 +17,7 @@ import zlib
 
 import numpy as np
 
-from service.engine.backends.base import BackendError, Tokenized, tokenized_rows
+from service.engine.backends.base import BackendError, Tokenized, bucketed_rows, tokenized_rows
 from service.ipc.messages import ModelInfo
 from service.manifest import CROSS_ENCODER, EMBEDDING
 from service.tokenization import WordTokenizer
@@ -27,7 +27,8 @@ CLS, SEP, FAIL = WordTokenizer.CLS, WordTokenizer.SEP, WordTokenizer.FAIL
 
 class FakeBackend:
     def __init__(self, name: str = "fake", dimension: int = 8, max_seq_length: int = 32,
-                 pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0, kind: str = EMBEDDING):
+                 pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0, kind: str = EMBEDDING,
+                 row_buckets: tuple[int, ...] = ()):
         if kind == CROSS_ENCODER:
             dimension = 1  # the score
         self.info = ModelInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
@@ -36,13 +37,14 @@ class FakeBackend:
                               vocab_size=31000, kind=kind,
                               graph_sha256=hashlib.sha256(f"fake:{name}:{dimension}".encode()).hexdigest())
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.row_buckets = row_buckets  # as a CUDA backend pads its passes' row counts
         self.seconds_per_token = seconds_per_token
         self.tokenizer = WordTokenizer(max_seq_length)
         self.gate = threading.Event()
         self.gate.set()
         self.at_gate = threading.Event()  # a pass has reached the gate (and waits there while it is closed)
         self.passes: list[list[int]] = []  # the unpadded lengths of each forward pass's rows
-        self.padded_tokens: list[int] = []  # rows × seq_len of each pass
+        self.padded_tokens: list[int] = []  # rows (bucketed) × seq_len of each pass
         self.healthy = True
 
     def items(self, texts: list[str]) -> list[Tokenized]:
@@ -54,9 +56,9 @@ class FakeBackend:
         self.gate.wait()
         assert all(i.length <= seq_len for i in items), "a row longer than its batch"
         self.passes.append([i.length for i in items])
-        self.padded_tokens.append(len(items) * seq_len)
+        self.padded_tokens.append(bucketed_rows(len(items), self.row_buckets) * seq_len)
         if self.seconds_per_token:
-            time.sleep(self.seconds_per_token * len(items) * seq_len)
+            time.sleep(self.seconds_per_token * self.padded_tokens[-1])
         if any(FAIL in i.ids for i in items):
             raise BackendError("fake backend: the batch holds FAIL")
         if self.info.is_cross_encoder:
@@ -77,7 +79,7 @@ class FakeBackend:
         rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
         return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
 
-    def warmup(self) -> None:
+    def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         self.run(self.items(["warm up"]), self.pad_to_multiple_of)
         self.passes.clear()
         self.padded_tokens.clear()

@@ -24,13 +24,14 @@ class NullBackend:
                               device="cpu", manifest=manifest.model_dump(mode="json"), kind=manifest.kind,
                               graph_sha256=f"null:{manifest.onnx_sha256}")
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.row_buckets: tuple[int, ...] = ()
         self._unit = np.full(dimension, dimension ** -0.5, dtype=np.float32)
 
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = np.broadcast_to(self._unit, (len(items), len(self._unit)))
         return vectors, vectors
 
-    def warmup(self) -> None:
+    def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         pass
 
     def health(self) -> None:

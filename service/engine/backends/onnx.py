@@ -7,7 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.backends.base import BackendError, Tokenized, pad_batch, padded_length, tokenized_rows
+from service.engine.backends.base import (
+    BackendError,
+    Tokenized,
+    bucketed_rows,
+    pad_batch,
+    padded_length,
+    tokenized_rows,
+)
 from service.engine.backends.cpu import physical_cores
 from service.ipc.messages import ModelInfo
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
@@ -26,17 +33,9 @@ CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested", "do_copy_in_default
 
 #: On CUDA a pass's row count is padded up to one of these (then to a multiple of the last): onnxruntime's CUDA
 #: kernels pick and plan their algorithms once per input shape, so a load of single-text requests, each pass a new
-#: row count, would pay that planning on pass after pass. Neighbours at most 1.5x apart bound the padding's waste
-#: (and so what a pass computes beyond the queue's token budget, which counts the rows before this padding).
+#: row count, would pay that planning on pass after pass. Neighbours at most 1.5x apart bound the padding's waste;
+#: the queue counts a pass's rows as padded, so its token budget bounds what the device computes.
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-
-
-def row_bucket(rows: int) -> int:
-    """The row count a CUDA pass of `rows` inputs runs with."""
-    for bucket in CUDA_ROW_BUCKETS:
-        if rows <= bucket:
-            return bucket
-    return -(-rows // CUDA_ROW_BUCKETS[-1]) * CUDA_ROW_BUCKETS[-1]
 
 
 class IntegrityError(RuntimeError):
@@ -132,7 +131,7 @@ class OnnxBackend:
                         "casts; the fp16 variant is meant for GPUs (SEMBED_DEVICE=cuda)",
                         ", ".join(ops) if ops else "most of its ops")
         self.device = device
-        self.row_buckets = row_buckets and device == "cuda"
+        self.row_buckets: tuple[int, ...] = CUDA_ROW_BUCKETS if row_buckets and device == "cuda" else ()
         self.session = ort.InferenceSession(str(graph), options, providers=providers)
         # The arena keeps the peak of the largest pass for the life of the process: after a pass larger
         # than `arena_keep_tokens` its free chunks go back. Not after every pass: re-faulting the
@@ -162,9 +161,8 @@ class OnnxBackend:
 
     # --- the Backend interface --------------------------------------------------------------
     def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        rows = len(items) + 1 if (self._extra_row and len(items) == 1) else len(items)
-        if self.row_buckets:
-            rows = row_bucket(rows)
+        rows = bucketed_rows(len(items) + 1 if (self._extra_row and len(items) == 1) else len(items),
+                             self.row_buckets)
         feeds = pad_batch(items, seq_len, self.pad_id, rows)
         if not self._needs_type_ids:
             del feeds["token_type_ids"]
@@ -211,11 +209,13 @@ class OnnxBackend:
         return (np.array_equal(alone, self.run([item], own + 2 * multiple)[0][0])
                 and np.array_equal(alone, self.run([item, longer], padded_length(longer.length, multiple))[0][0]))
 
-    def warmup(self) -> None:
+    def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         """The first runs allocate and pick kernels: keep them off the first requests (on CUDA, every row
-        bucket at the lengths of short texts)."""
+        bucket the queue can form at the lengths of short texts)."""
         if self.row_buckets:  # "the": one token, so with [CLS] and [SEP] 16 and 32 tokens
-            batches = [["the " * (length - 2)] * n for n in CUDA_ROW_BUCKETS for length in (16, 32)]
+            most = bucketed_rows(max_batch_requests or self.row_buckets[-1], self.row_buckets)
+            batches = [["the " * (length - 2)] * n for n in self.row_buckets for length in (16, 32)
+                       if n <= most and n * length <= (max_batch_tokens or n * length)]
         else:
             batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
         for texts in batches:
