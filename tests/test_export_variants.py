@@ -308,8 +308,9 @@ def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp
 
 
 def test_plain_layer_norms_compute_what_skip_layer_normalization_does():
-    """int8's SkipLayerNormalizations become Sum + LayerNormalization: the same values, a Sum that onnxruntime does
-    not fuse back into SkipLayerNormalization (it does with Add), and left alone where a later output is read."""
+    """A SkipLayerNormalization on a float input becomes Sum + LayerNormalization: the same values, a Sum that
+    onnxruntime does not fuse back into SkipLayerNormalization (it does with Add), and left alone where a later
+    output is read."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -336,6 +337,39 @@ def test_plain_layer_norms_compute_what_skip_layer_normalization_does():
     total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [None, None, 16])
     kept = graph(["y", "", "", "total"], [total])  # its input + skip + bias sum read too: not split
     assert quantize.plain_layer_norms(kept) == 0
+
+
+def test_after_an_int8_gemm_the_residual_sum_is_a_sub_of_the_negated_product(tmp_path):
+    """Add + LayerNormalization would be fused back into SkipLayerNormalization, and Sum runs on one thread: after an
+    int8 GEMM its weights and bias are negated and the sum is skip - (-(x W + b)), the same values."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(1)
+    gamma, beta, bias = (rng.normal(size=16).astype(np.float32) for _ in range(3))
+    weight = rng.normal(size=(16, 16)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in ((gamma, "g"), (beta, "b"), (bias, "bias"), (weight, "w"))]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None, 16]) for n in ("x", "s", "y")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="dense"),
+             helper.make_node("SkipLayerNormalization", ["xw", "s", "g", "b", "bias"], ["y"], name="sln",
+                              domain="com.microsoft", epsilon=1e-12)]
+    model = helper.make_model(helper.make_graph(nodes, "g", io[:2], [io[2]], inits), ir_version=9,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    quantize_dynamic(model, str(tmp_path / "q.onnx"), per_channel=True, reduce_range=True,
+                     weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    feeds = {"x": rng.normal(size=(3, 7, 16)).astype(np.float32), "s": rng.normal(size=(3, 7, 16)).astype(np.float32)}
+    expected = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    assert quantize.plain_layer_norms(quantized) == 1
+    assert [n.op_type for n in quantized.graph.node][-3:] == ["Add", "Sub", "LayerNormalization"]
+    assert "bias" not in {i.name for i in quantized.graph.initializer}  # replaced by its negation
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    plain = ort.InferenceSession(quantized.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    loaded = {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    assert "Sub" in loaded and not loaded & {"SkipLayerNormalization", "Sum", "Add"}  # the bias went into the GEMM
+    assert np.abs(plain.run(None, feeds)[0] - expected[0]).max() < 1e-5  # SkipLayerNormalization's own rounding
 
 
 def test_plain_gelu_computes_what_bias_gelu_does():

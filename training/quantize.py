@@ -411,18 +411,29 @@ def blockwise_int8(model, names: set[str], block_size: int) -> int:
 
 
 def plain_layer_norms(model) -> int:
-    """Each com.microsoft SkipLayerNormalization as the sum and the LayerNormalization it fuses (Sum of input,
-    bias and skip, then LayerNormalization over the last axis), when only its first output is read; how many.
+    """Each com.microsoft SkipLayerNormalization as the residual sum and the LayerNormalization it fuses, when only
+    its first output is read; how many. The same values, on kernels that are faster and spread over the threads:
 
-    onnxruntime 1.31's CPU kernel for it took 13.8-17.5 ms on a [32, 128, 384] float32 batch where Sum +
-    LayerNormalization took 2.2-3.7 ms (2 threads, the 2-core EPYC; RESULTS.md): 12 of them were ~15 % of an
-    int8 pass on long texts. A Sum, not Adds: onnxruntime fuses Add + LayerNormalization back into
-    SkipLayerNormalization when it loads the graph, and has no such fusion for Sum."""
-    from onnx import helper
+    - onnxruntime 1.31's CPU SkipLayerNormalization took 9.4 ms on a [32, 128, 384] float32 batch with one thread
+      and 5.0 with two, where Add + LayerNormalization took 2.0 and 1.3 (the 2-core EPYC; RESULTS.md);
+    - but onnxruntime fuses Add + LayerNormalization back into it when it loads the graph, and Sum, which it does
+      not fuse, runs on one thread whatever the session's count (2.1 ms with one thread or two; with 16, a
+      third of an int8 pass on long texts);
+    - so where the input is an int8 GEMM's product (`_integer_matmul`), that GEMM's weights and bias are negated
+      (exact: symmetric int8 weights) and the sum is skip - (-(x W + b)): a Sub, which nothing fuses, after an Add
+      of the negated bias that onnxruntime folds into the GEMM (not after a row-scaled GEMM's Mul: there it stays
+      an Add); elsewhere a Sum of input, bias and skip."""
+    from onnx import helper, numpy_helper
 
     graph = model.graph
     read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    nodes, count = [], 0
+    producers = {output: node for node in graph.node for output in node.output}
+    initializers = {i.name: i for i in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    nodes, count, replaced = [], 0, []
     for node in graph.node:
         if node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft" or \
                 any(name in read for name in node.output[1:] if name):
@@ -432,13 +443,31 @@ def plain_layer_norms(model) -> int:
         beta = node.input[3] if len(node.input) > 3 and node.input[3] else ""
         bias = node.input[4] if len(node.input) > 4 and node.input[4] else ""
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
-        nodes.append(helper.make_node("Sum", [x] + ([bias] if bias else []) + [skip], [f"{node.name}_sum"],
-                                      name=f"{node.name}_sum"))
-        nodes.append(helper.make_node("LayerNormalization", [f"{node.name}_sum", gamma] + ([beta] if beta else []),
+        total = f"{node.name}_sum"
+        matmul = _integer_matmul(x, producers)
+        weight = initializers.get(matmul.input[1]) if matmul is not None else None
+        if weight is not None and uses[weight.name] == 1 and _symmetric_int8(matmul, initializers) and \
+                (not bias or bias in initializers):
+            q = numpy_helper.to_array(weight)
+            weight.CopyFrom(numpy_helper.from_array(-q, weight.name))  # |q| <= 64 (MAX_INT8_WEIGHT): no overflow
+            negated = x
+            if bias:
+                graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(initializers[bias]),
+                                                                 f"{node.name}_neg_bias"))
+                replaced.append(bias)
+                negated = f"{node.name}_neg"
+                nodes.append(helper.make_node("Add", [x, f"{node.name}_neg_bias"], [negated], name=negated))
+            nodes.append(helper.make_node("Sub", [skip, negated], [total], name=total))
+        else:
+            nodes.append(helper.make_node("Sum", [x] + ([bias] if bias else []) + [skip], [total], name=total))
+        nodes.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
                                       [node.output[0]], name=node.name, axis=-1, epsilon=epsilon))
         count += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    for name in replaced:
+        if uses[name] == 1:
+            graph.initializer.remove(initializers[name])
     return count
 
 
@@ -470,11 +499,36 @@ def plain_gelu(model) -> int:
 def _after_integer_matmul(tensor: str, producers: dict) -> bool:
     """`tensor` is the output scale's Mul of quantize_dynamic's MatMulInteger -> Cast -> Mul."""
     node = producers.get(tensor)
+    return node is not None and node.op_type == "Mul" and _integer_matmul(tensor, producers, rows=False) is not None
+
+
+def _integer_matmul(tensor: str, producers: dict, rows: bool = True):
+    """The MatMulInteger whose product `tensor` is: MatMulInteger -> Cast -> Mul (its output scale), then with
+    `rows` a Mul by any factor (`row_scaled`'s r: the product is still linear in the weights); None otherwise."""
+    node = producers.get(tensor)
+    if rows and node is not None and node.op_type == "Mul" and \
+            _integer_matmul(node.input[0], producers, False) is not None:
+        node = producers.get(node.input[0])
     for op in ("Mul", "Cast", "MatMulInteger"):
         if node is None or node.op_type != op:
-            return False
+            return None
+        if op == "MatMulInteger":
+            return node
         node = producers.get(node.input[0])
-    return True
+    return None
+
+
+def _symmetric_int8(matmul, initializers: dict) -> bool:
+    """Its weights int8 with zero points all 0 (or none): negating them negates the product exactly."""
+    from onnx import numpy_helper
+
+    weight = initializers[matmul.input[1]]
+    if numpy_helper.to_array(weight).dtype != np.int8:
+        return False
+    if len(matmul.input) < 4 or not matmul.input[3]:
+        return True
+    zero = initializers.get(matmul.input[3])
+    return zero is not None and not numpy_helper.to_array(zero).any()
 
 
 def ffn_outputs(graph) -> list[str]:
