@@ -166,6 +166,25 @@ def running_service(export_dir: Path, workers: int, backend: str = "null", timeo
                 proc.wait()
 
 
+@contextmanager
+def framework_floor(timeout: float = 60):
+    """benchmarks/floor_app.py (a bare FastAPI route on the service's stack) under uvicorn on a free port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.floor_app:app", "--port", str(port),
+                             "--log-level", "warning", "--no-access-log", "--http", "httptools", "--loop", "uvloop"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while request(port, "GET", "/readyz", None, timeout=2) != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the framework-floor app did not start")
+            time.sleep(0.2)
+        yield Service(proc, port)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def wait_ready(proc: subprocess.Popen, port: int, workers: int, timeout: float, log: Path) -> None:
     """All `workers` API processes started, and /readyz 200 on enough fresh connections in a row that
     the kernel has handed some to each of them."""
@@ -550,6 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     for workers, run in runs.items():
         shares = run["phases"]["singles"]["process_share"]
         print(f"  {workers} API worker(s): " + ", ".join(f"{t} {s:.0%}" for t, s in shares.items() if s >= 0.005))
+    singles = [json.dumps({"inputs": t}).encode() for t in texts]
+    with framework_floor() as floor_app:
+        floor = load_phase(wrk, floor_app, "/embed", singles, connections=args.concurrency, clients=args.clients,
+                           duration=args.duration)
+    print(f"the framework's floor (benchmarks/floor_app.py: one bare FastAPI route on the same uvicorn, httptools, "
+          f"uvloop, pydantic and orjson, no tokenizer, no engine): {floor['server_us_per_request']:.0f} µs CPU per "
+          f"single-text request at {floor['req_s']:,.0f} req/s")
     print("API-worker RSS after the load (MB):")
     for workers, run in runs.items():
         print(f"  {workers} API worker(s): " + ", ".join(f"{t}: {mb:.0f}" for t, mb in run["rss_mb"].items()))
@@ -568,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     results = {"cpu": machine.cpu_line(), "simd_flags": simd_flags(), "cores": CORES,
                "settings": vars(args),
-               "runs": runs, "malformed": malformed, "gpu": gpu}
+               "runs": runs, "framework_floor": floor, "malformed": malformed, "gpu": gpu}
     if gpu is None:
         print("NOT MEASURED  the GPU targets (service vs in-process onnxruntime CUDA, singles at concurrency 256, "
               "fp16 vs fp32): no CUDA device here")

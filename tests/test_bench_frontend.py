@@ -67,6 +67,19 @@ def test_a_tiny_run_measures_the_server_and_every_malformed_body_answers_4xx(nul
     assert len(malformed) == len(frontend.malformed_bodies()) * len(frontend.MALFORMED_PATHS)
 
 
+def test_the_framework_floor_app_answers_what_the_service_answers_and_is_measured(wrk):
+    """The floor the bench prints beside the service: a bare FastAPI route, under the same wrk load."""
+    import json
+
+    bodies = [json.dumps({"inputs": f"sentence {i}"}).encode() for i in range(16)]
+    with frontend.framework_floor() as floor:
+        assert frontend.request(floor.port, "POST", "/embed", bodies[0]) == 200
+        assert frontend.request(floor.port, "POST", "/embed", b'{"inputs": 3}') == 422
+        p = frontend.load_phase(wrk, floor, "/embed", bodies, connections=4, clients=1, duration=1)
+    assert p["requests"] > 0 and p["non_2xx"] == 0 and p["server_us_per_request"] > 0
+    assert list(p["process_share"].values()) == [1.0]  # one process: uvicorn itself
+
+
 def test_percentiles_of_a_merged_histogram():
     histogram = {100: 50, 200: 49, 5000: 1}
     assert frontend.percentile(histogram, 0.5) == 100
