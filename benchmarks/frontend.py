@@ -24,7 +24,6 @@ import os
 import random
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -158,12 +157,7 @@ def running_service(export_dir: Path, workers: int, backend: str = "null", timeo
             wait_ready(proc, port, workers, timeout, Path(f"{tmp}/service.log"))
             yield Service(proc, port)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            machine.stop(proc)
 
 
 @contextmanager
@@ -181,8 +175,7 @@ def framework_floor(timeout: float = 60):
             time.sleep(0.2)
         yield Service(proc, port)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        machine.stop(proc)
 
 
 def wait_ready(proc: subprocess.Popen, port: int, workers: int, timeout: float, log: Path) -> None:

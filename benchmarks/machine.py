@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
+import subprocess
 from pathlib import Path
 
 from service.engine.backends.cpu import cpu_flags, cpuinfo_field
@@ -51,3 +53,13 @@ def process_tree(root: int) -> dict[int, str]:
             continue
         todo += parents.get(pid, [])
     return tree
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM (a service drains, then exits), SIGKILL if it has not exited after `grace_s`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

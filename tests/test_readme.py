@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from benchmarks.machine import stop
 from tests.conftest import REPO, free_port, wait_ready
 
 README = REPO / "README.md"
@@ -191,12 +191,7 @@ def service(tmp_path_factory):
         proc.port = port
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 
