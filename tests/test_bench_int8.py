@@ -58,3 +58,20 @@ def test_int8_configs_builds_the_row_scaled_settings(tiny_model_dir, tmp_path):
         build(name, fused, plain, tmp_path / "int8.onnx")
         ops = [n.op_type for n in onnx.load(str(tmp_path / "int8.onnx"), load_external_data=False).graph.node]
         assert ops.count("ReduceMax") == row_scaled_matmuls and "MatMulInteger" in ops
+
+
+def test_the_speed_verdict_prints_the_rounds_own_ratios_beside_the_ratio_of_medians():
+    from benchmarks.int8_anchor import NO_SPIN, targets
+
+    def row(short, long):
+        return {"short": {"median": sorted(short)[1], "rounds": short, "mean_cosine": 0.995},
+                "long": {"median": sorted(long)[1], "rounds": long, "mean_cosine": 0.992}}
+
+    anchor = "anchor int8 (avx2)"
+    rows = {"fp32": row([1, 1, 1], [1, 1, 1]), anchor: row([90, 180, 100], [10, 10, 10]),
+            f"{anchor}{NO_SPIN}": row([100, 100, 100], [10, 10, 10]),
+            "int8": row([100, 200, 120], [12, 12, 12]), f"int8{NO_SPIN}": row([110, 110, 110], [11, 11, 11])}
+    checks = dict(targets({"contenders": rows, "anchor_config": "avx2", "golden": {"int8": None}}, anchor, ["int8"]))
+    short = next(text for text in checks if "short, both spinning" in text)
+    assert "(1.20×; median of the rounds' own ratios 1.11×)" in short and checks[short]  # medians 120 / 100
+    assert not checks[next(text for text in checks if "short, both without spinning" in text)]  # 1.10×
