@@ -128,6 +128,17 @@ def test_with_row_buckets_the_budget_bounds_the_padded_rows():
     assert max(map(len, backend.passes)) == 64
 
 
+def test_the_pass_timed_at_start_is_one_the_budget_allows_with_its_rows_bucketed():
+    from service.engine.backends.onnx import CUDA_ROW_BUCKETS
+    from service.engine.core import measure_rate
+
+    engine, backend = make_engine(max_batch_tokens=10000, max_batch_requests=1024, row_buckets=CUDA_ROW_BUCKETS)
+    measure_rate(engine.engine)
+    # 156 rows of 64 tokens fit 10,000, but run as 192 (12,288 tokens); 128 rows are a bucket that fits
+    assert backend.passes[-1] == [64] * 128 and backend.padded_tokens[-1] == 128 * 64
+    assert engine.admission.rate is not None and engine.admission.rate > 0
+
+
 def test_a_small_request_is_not_starved_by_a_huge_one():
     # 256 texts at the length limit, then one short text: it must run in the next pass, not the 17th.
     engine, backend = make_engine(max_batch_tokens=1024, max_batch_requests=64)

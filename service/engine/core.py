@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.engine.admission import Admission
-from service.engine.backends import Backend, Tokenized, padded_length
+from service.engine.backends import Backend, Tokenized, bucketed_rows, padded_length
 from service.engine.queue import BatchQueue, Job
 from service.ipc.messages import (
     EmbedResult,
@@ -230,6 +230,8 @@ def measure_rate(engine: Engine, token_id: int = 1000) -> None:
     length = min(backend.info.max_seq_length, 128)
     seq_len = padded_length(length, backend.pad_to_multiple_of)
     rows = max(1, min(engine.queue.max_batch_tokens // seq_len, engine.config.max_batch_requests))
+    while rows > 1 and bucketed_rows(rows, backend.row_buckets) * seq_len > engine.queue.max_batch_tokens:
+        rows -= 1  # a pass the queue could form: its rows as the backend pads them fit the budget too
     items = [Tokenized(np.full(length, token_id, dtype=np.int32), None) for _ in range(rows)]
     start = time.perf_counter()
     backend.run(items, seq_len)
