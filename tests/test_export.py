@@ -191,9 +191,9 @@ def test_the_export_carries_one_int8_graph_for_every_cpu_with_its_measured_quali
     ops = [n.op_type for n in onnx.load(str(default_export / int8["file"]), load_external_data=False).graph.node]
     assert {op: ops.count(op) for op in INT8_OPS} == INT8_OPS
     # SkipLayerNormalization as Add (the negated bias) + Sub (skip minus the negated product) + LayerNormalization,
-    # BiasGelu as Add + Gelu: faster on onnxruntime's CPU
+    # BiasGelu as Add + FastGelu: faster on onnxruntime's CPU
     assert (ops.count("SkipLayerNormalization"), ops.count("LayerNormalization")) == (0, 12)
-    assert (ops.count("BiasGelu"), ops.count("Gelu"), ops.count("Sum"), ops.count("Sub"), ops.count("Add")) == \
+    assert (ops.count("BiasGelu"), ops.count("FastGelu"), ops.count("Sum"), ops.count("Sub"), ops.count("Add")) == \
         (0, 6, 0, 12, 18)
     # ... and onnxruntime does not fuse them back when it loads the graph; the bias Adds go into the int8 GEMMs,
     # but for the three row-scaled ones (after their row scale's Mul)
@@ -203,7 +203,7 @@ def test_the_export_carries_one_int8_graph_for_every_cpu_with_its_measured_quali
     run = [n.op_type for n in onnx.load(str(tmp_path / "as-run.onnx"), load_external_data=False).graph.node]
     assert (run.count("SkipLayerNormalization"), run.count("BiasGelu"), run.count("Add"), run.count("Sum"),
             run.count("Sub")) == (0, 0, 3, 0, 12)
-    assert run.count("DynamicQuantizeMatMul") == INT8_OPS["MatMulInteger"] and run.count("Gelu") == 6
+    assert run.count("DynamicQuantizeMatMul") == INT8_OPS["MatMulInteger"] and run.count("FastGelu") == 6
     assert (default_export / int8["file"]).stat().st_size < 0.35 * (default_export / "model.onnx").stat().st_size
 
 

@@ -372,7 +372,7 @@ def test_after_an_int8_gemm_the_residual_sum_is_a_sub_of_the_negated_product(tmp
     assert np.abs(plain.run(None, feeds)[0] - expected[0]).max() < 1e-5  # SkipLayerNormalization's own rounding
 
 
-def test_plain_gelu_computes_what_bias_gelu_does():
+def test_plain_gelu_computes_bias_gelu_with_the_tanh_approximation():
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -384,9 +384,9 @@ def test_plain_gelu_computes_what_bias_gelu_does():
     x = rng.normal(size=(3, 8)).astype(np.float32)
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert quantize.plain_gelu(model) == 1
-    assert [n.op_type for n in model.graph.node] == ["Sum", "Gelu"]
+    assert [n.op_type for n in model.graph.node] == ["Sum", "FastGelu"]
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert np.abs(got[0] - expected[0]).max() < 1e-6
+    assert 0 < np.abs(got[0] - expected[0]).max() < 5e-4  # GELU's tanh approximation: within 4.7e-4 of erf's
 
 
 def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):

@@ -282,8 +282,9 @@ def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[
       int8 per channel like the others, with each row (token) of their input scaled to a largest |value| of 1
       first (`row_scaled`), so the one scale per tensor fits every token (layers 0-2: 0.9916, and no float32
       or per-block GEMM);
-    - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast (the same
-      values): SkipLayerNormalization (`plain_layer_norms`) and BiasGelu (`plain_gelu`).
+    - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast:
+      SkipLayerNormalization (`plain_layer_norms`: the same values) and BiasGelu (`plain_gelu`, with GELU's tanh
+      approximation).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
     graph: long-text cosine 0.987), static QDQ, symmetric activations, asymmetric weights and
     per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`)."""
@@ -472,12 +473,13 @@ def plain_layer_norms(model) -> int:
 
 
 def plain_gelu(model) -> int:
-    """Each com.microsoft BiasGelu as its bias added and a com.microsoft Gelu (the same erf GELU, the same values);
-    how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of CPU on a [32, 128, 1536] batch where Sum + Gelu took
-    6.5 (one thread; 9.1 against 7.2 with two). The bias goes into the int8 GEMM before it where there is one
-    (an Add after its output scale, which onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor
-    less, 2 % of a row-scaled int8 pass on long texts); elsewhere a Sum, as in `plain_layer_norms`: onnxruntime fuses
-    Add + Gelu back into BiasGelu."""
+    """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, within
+    4.7e-4 of the erf GELU, far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of
+    CPU on a [32, 128, 1536] batch where Sum + Gelu took 6.5 (one thread; 9.1 against 7.2 with two), and FastGelu
+    takes 0.7x Gelu's time (6.5 / 10.0 ms with one thread, 3.7 / 5.2 with two; RESULTS.md). The bias goes into the
+    int8 GEMM before it where there is one (an Add after its output scale, which onnxruntime folds into
+    DynamicQuantizeMatMul: one pass over the tensor less, 2 % of a row-scaled int8 pass on long texts); elsewhere a
+    Sum, as in `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
     from onnx import helper
 
     producers = {output: node for node in model.graph.node for output in node.output}
@@ -488,7 +490,7 @@ def plain_gelu(model) -> int:
             continue
         add = "Add" if _after_integer_matmul(node.input[0], producers) else "Sum"
         nodes.append(helper.make_node(add, list(node.input), [f"{node.name}_sum"], name=f"{node.name}_sum"))
-        nodes.append(helper.make_node("Gelu", [f"{node.name}_sum"], list(node.output), name=node.name,
+        nodes.append(helper.make_node("FastGelu", [f"{node.name}_sum"], list(node.output), name=node.name,
                                       domain="com.microsoft"))
         count += 1
     del model.graph.node[:]
