@@ -286,6 +286,11 @@ def share_by_title(per_process: dict[int, float], titles: dict[int, str], total:
     return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
 
 
+def single_bodies(texts: list[str]) -> list[bytes]:
+    """POST /embed bodies of one text each."""
+    return [json.dumps({"inputs": t}).encode() for t in texts]
+
+
 def phases(texts: list[str], concurrency: int, batch_concurrency: int) -> list[tuple[str, str, list[bytes], int, int]]:
     """(name, path, bodies, sentences per request, connections) of each load phase, in the order run."""
     def batches(size: int, openai: bool) -> list[bytes]:
@@ -294,8 +299,7 @@ def phases(texts: list[str], concurrency: int, batch_concurrency: int) -> list[t
             return [json.dumps({"input": r, "encoding_format": "base64"}).encode() for r in rows]
         return [json.dumps({"inputs": r}).encode() for r in rows]
 
-    singles = [json.dumps({"inputs": t}).encode() for t in texts]
-    return [("singles", "/embed", singles, 1, concurrency),
+    return [("singles", "/embed", single_bodies(texts), 1, concurrency),
             ("batch32 json", "/embed", batches(32, False), 32, batch_concurrency),
             ("batch32 base64", "/v1/embeddings", batches(32, True), 32, batch_concurrency),
             ("batch256 json", "/embed", batches(256, False), 256, batch_concurrency),
@@ -562,10 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     for workers, run in runs.items():
         shares = run["phases"]["singles"]["process_share"]
         print(f"  {workers} API worker(s): " + ", ".join(f"{t} {s:.0%}" for t, s in shares.items() if s >= 0.005))
-    singles = [json.dumps({"inputs": t}).encode() for t in texts]
     with framework_floor() as floor_app:
-        floor = load_phase(wrk, floor_app, "/embed", singles, connections=args.concurrency, clients=args.clients,
-                           duration=args.duration)
+        floor = load_phase(wrk, floor_app, "/embed", single_bodies(texts), connections=args.concurrency,
+                           clients=args.clients, duration=args.duration)
     print(f"the framework's floor (benchmarks/floor_app.py: one bare FastAPI route on the same uvicorn, httptools, "
           f"uvloop, pydantic and orjson, no tokenizer, no engine): {floor['server_us_per_request']:.0f} µs CPU per "
           f"single-text request at {floor['req_s']:,.0f} req/s")

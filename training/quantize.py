@@ -500,8 +500,7 @@ def plain_gelu(model) -> int:
 
 def _after_integer_matmul(tensor: str, producers: dict) -> bool:
     """`tensor` is the output scale's Mul of quantize_dynamic's MatMulInteger -> Cast -> Mul."""
-    node = producers.get(tensor)
-    return node is not None and node.op_type == "Mul" and _integer_matmul(tensor, producers, rows=False) is not None
+    return _integer_matmul(tensor, producers, rows=False) is not None
 
 
 def _integer_matmul(tensor: str, producers: dict, rows: bool = True):
@@ -522,10 +521,9 @@ def _integer_matmul(tensor: str, producers: dict, rows: bool = True):
 
 def _symmetric_int8(matmul, initializers: dict) -> bool:
     """Its weights int8 with zero points all 0 (or none): negating them negates the product exactly."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
 
-    weight = initializers[matmul.input[1]]
-    if numpy_helper.to_array(weight).dtype != np.int8:
+    if initializers[matmul.input[1]].data_type != TensorProto.INT8:
         return False
     if len(matmul.input) < 4 or not matmul.input[3]:
         return True

@@ -214,8 +214,9 @@ class OnnxBackend:
         bucket the queue can form at the lengths of short texts)."""
         if self.row_buckets:  # "the": one token, so with [CLS] and [SEP] 16 and 32 tokens
             most = bucketed_rows(max_batch_requests or self.row_buckets[-1], self.row_buckets)
+            budget = max_batch_tokens or float("inf")
             batches = [["the " * (length - 2)] * n for n in self.row_buckets for length in (16, 32)
-                       if n <= most and n * length <= (max_batch_tokens or n * length)]
+                       if n <= most and n * length <= budget]
         else:
             batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
         for texts in batches:
