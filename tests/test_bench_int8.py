@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +77,18 @@ def test_the_speed_verdict_prints_the_rounds_own_ratios_beside_the_ratio_of_medi
     short = next(text for text in checks if "short, both spinning" in text)
     assert "(1.20×; median of the rounds' own ratios 1.11×)" in short and checks[short]  # medians 120 / 100
     assert not checks[next(text for text in checks if "short, both without spinning" in text)]  # 1.10×
+
+
+def test_the_op_bench_times_every_case_and_the_fusion_it_names_happens():
+    import onnx
+    import onnxruntime as ort
+
+    from benchmarks import ops
+
+    times = ops.time_ops(threads=1, runs=1)
+    assert set(times) == set(ops.graphs()) and all(t > 0 for t in times.values())
+    graph, _, _ = ops.graphs()["Add + LayerNormalization (loaded: SkipLayerNormalization)"]
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(Path(tempfile.mkdtemp()) / "loaded.onnx")
+    ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node] == ["SkipLayerNormalization"]

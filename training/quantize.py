@@ -415,11 +415,11 @@ def plain_layer_norms(model) -> int:
     """Each com.microsoft SkipLayerNormalization as the residual sum and the LayerNormalization it fuses, when only
     its first output is read; how many. The same values, on kernels that are faster and spread over the threads:
 
-    - onnxruntime 1.31's CPU SkipLayerNormalization took 9.4 ms on a [32, 128, 384] float32 batch with one thread
-      and 5.0 with two, where Add + LayerNormalization took 2.0 and 1.3 (the 2-core EPYC; RESULTS.md);
+    - onnxruntime 1.31's CPU SkipLayerNormalization took 9.3 ms on a [32, 128, 384] float32 batch with one thread
+      and 4.8 with two, where Sub + LayerNormalization took 2.5 and 1.8 (`python -m benchmarks.ops`, the 2-core
+      EPYC; RESULTS.md);
     - but onnxruntime fuses Add + LayerNormalization back into it when it loads the graph, and Sum, which it does
-      not fuse, runs on one thread whatever the session's count (2.1 ms with one thread or two; with 16, a
-      third of an int8 pass on long texts);
+      not fuse, runs on one thread whatever the session's count (2.2 ms with one thread, 2.0 with two);
     - so where the input is an int8 GEMM's product (`_integer_matmul`), that GEMM's weights and bias are negated
       (exact: symmetric int8 weights) and the sum is skip - (-(x W + b)): a Sub, which nothing fuses, after an Add
       of the negated bias that onnxruntime folds into the GEMM (not after a row-scaled GEMM's Mul: there it stays
@@ -476,10 +476,10 @@ def plain_gelu(model) -> int:
     """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, within
     4.7e-4 of the erf GELU, far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of
     CPU on a [32, 128, 1536] batch where Sum + Gelu took 6.5 (one thread; 9.1 against 7.2 with two), and FastGelu
-    takes 0.7x Gelu's time (6.5 / 10.0 ms with one thread, 3.7 / 5.2 with two; RESULTS.md). The bias goes into the
-    int8 GEMM before it where there is one (an Add after its output scale, which onnxruntime folds into
-    DynamicQuantizeMatMul: one pass over the tensor less, 2 % of a row-scaled int8 pass on long texts); elsewhere a
-    Sum, as in `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
+    takes 0.7-0.75x Gelu's time (6.8 / 9.4 ms with one thread, 4.0 / 5.4 with two; `python -m benchmarks.ops`).
+    The bias goes into the int8 GEMM before it where there is one (an Add after its output scale, which
+    onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor less, 2 % of a row-scaled int8 pass on
+    long texts); elsewhere a Sum, as in `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
     from onnx import helper
 
     producers = {output: node for node in model.graph.node for output in node.output}
