@@ -100,11 +100,11 @@ def api_main(settings: Settings, topology: Topology, listener: socket.socket, nu
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from service.api.app import create_app
     from service.api.server import build_server
-    from service.process import settle_gc
+    from service.process import settle_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     server = build_server(create_app(settings, topology=topology), settings)
-    settle_gc()
+    settle_memory()
     server.run(sockets=[listener])
 
 

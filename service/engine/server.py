@@ -33,7 +33,7 @@ from service.engine.queue import Job
 from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
-from service.process import settle_gc
+from service.process import settle_memory
 from service.settings import Settings
 
 log = logging.getLogger("sembed.engine")
@@ -234,7 +234,7 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
 def run(settings: Settings, export_dir: str, endpoint: str) -> None:
     """An engine process's main: load, serve until SIGTERM, drain, exit 0."""
     engine = load_engine(settings, export_dir, EngineMetrics())
-    settle_gc()
+    settle_memory()
     engine.start()
     server = EngineServer(engine, endpoint)
     # SIGTERM from the supervisor, once the API processes have drained; Ctrl-C is the supervisor's to handle
