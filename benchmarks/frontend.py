@@ -436,11 +436,11 @@ def model_rate(export_dir: Path, variant: str, rows: int = 256, length: int = 12
     behind the host's work; 128-token rows show it."""
     import numpy as np
 
-    from service.engine.backends import Tokenized
     from service.engine.backends.onnx import OnnxBackend
+    from service.ipc.messages import TokenBatch
 
     backend = OnnxBackend(export_dir, device="cuda", variant=variant, pad_to_multiple_of=8)
-    items = [Tokenized(np.random.default_rng(i).integers(1000, 29000, length).astype(np.int32)) for i in range(rows)]
+    items = TokenBatch.from_rows(np.random.default_rng(0).integers(1000, 29000, (rows, length)).tolist())
     for _ in range(3):
         backend.run(items, length)
     done, start = 0, time.perf_counter()
@@ -456,8 +456,8 @@ def shape_costs(export_dir: Path, variant: str, device: str = "cuda", passes: in
     kernel that plans once per input shape shows as new shapes costing more than seen ones."""
     import numpy as np
 
-    from service.engine.backends import Tokenized
     from service.engine.backends.onnx import OnnxBackend
+    from service.ipc.messages import TokenBatch
 
     counts = [int(r) for r in np.random.default_rng(0).integers(1, max_rows + 1, passes)]
     out = {}
@@ -466,7 +466,7 @@ def shape_costs(export_dir: Path, variant: str, device: str = "cuda", passes: in
         backend.warmup()
         times = []
         for rows in counts + counts[:20]:
-            items = [Tokenized(np.random.default_rng(rows + i).integers(1000, 29000, 14)) for i in range(rows)]
+            items = TokenBatch.from_rows(np.random.default_rng(rows).integers(1000, 29000, (rows, 14)).tolist())
             start = time.perf_counter()
             backend.run(items, 16)
             times.append((time.perf_counter() - start) * 1e3)

@@ -21,11 +21,12 @@ def test_a_text_gets_the_same_bits_alone_and_in_any_batch(backend):
     texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(1, 90, 40)]
     items = backend._items(texts)
     m = backend.pad_to_multiple_of
-    alone = [backend.run([it], padded_length(it.length, m))[0][0] for it in items]
+    alone = [backend.run(items.slice(i, i + 1), padded_length(int(items.lengths[i]), m))[0][0]
+             for i in range(len(items))]
     for _ in range(12):
         idx = rng.choice(len(items), int(rng.integers(2, 12)), replace=False)
-        batch = [items[i] for i in idx]
-        seq_len = padded_length(max(i.length for i in batch), m) + m * int(rng.integers(0, 3))
+        batch = items.take(idx)
+        seq_len = padded_length(int(batch.lengths.max()), m) + m * int(rng.integers(0, 3))
         got = backend.run(batch, seq_len)[0]
         for row, i in enumerate(idx):
             assert np.array_equal(got[row], alone[i]), (texts[i], seq_len)
@@ -171,8 +172,9 @@ def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_expor
     here: a recording session stands in for onnxruntime's CUDA one (IO binding), answering one row per input."""
     import onnxruntime as ort
 
-    from service.engine.backends.base import Tokenized, bucketed_rows
+    from service.engine.backends.base import bucketed_rows
     from service.engine.backends.onnx import CUDA_ROW_BUCKETS
+    from service.ipc.messages import TokenBatch
 
     def row_bucket(rows):
         return bucketed_rows(rows, CUDA_ROW_BUCKETS)
@@ -211,12 +213,12 @@ def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_expor
     monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
     backend = OnnxBackend(default_export, device="cuda")
     for rows in (1, 3, 9, 200, 1000):
-        items = [Tokenized(np.array([101 + i, 7, 102])) for i in range(rows)]
+        items = TokenBatch.from_rows([[101 + i, 7, 102] for i in range(rows)])
         normalized, raw = backend.run(items, 8)
         assert shapes[-1] == (row_bucket(rows), 8) and row_bucket(rows) in CUDA_ROW_BUCKETS
         assert normalized.shape == raw.shape == (rows, 384) and list(normalized[:, 0]) == [101 + i for i in range(rows)]
     assert [row_bucket(n) for n in (1, 2, 3, 17, 25, 100, 1024, 1025)] == [1, 2, 4, 24, 32, 128, 1024, 2048]
-    assert OnnxBackend(default_export, device="cuda", row_buckets=False).run(items[:9], 8)[0].shape == (9, 384)
+    assert OnnxBackend(default_export, device="cuda", row_buckets=False).run(items.slice(0, 9), 8)[0].shape == (9, 384)
     assert shapes[-1] == (9, 8)
     # warm-up: every bucket at 16 and 32 tokens that the queue can form, no larger pass
     shapes.clear()

@@ -45,8 +45,8 @@ def make_engine(**config) -> tuple[Harness, FakeBackend]:
 
 
 def alone(backend: FakeBackend, text: str) -> np.ndarray:
-    item = backend.items([text])[0]
-    return backend.run([item], padded_length(item.length, backend.pad_to_multiple_of))[0][0]
+    batch = backend.items([text])
+    return backend.run(batch, padded_length(batch.tokens, backend.pad_to_multiple_of))[0][0]
 
 
 async def queued(engine) -> None:
@@ -331,3 +331,72 @@ def test_messages_bundled_into_one_come_apart_as_they_went_in():
         (1, "embed", [b"ids", b"offsets", b""]), (2, "cancel", []), (3, "embed", [b"a", b"b", b"c"])]
     single = bundle(messages[:1])  # one message travels as itself
     assert single == messages[0] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1
+
+
+def test_large_requests_take_turns_pass_by_pass_and_a_single_still_makes_the_next_pass():
+    engine, backend = make_engine(max_batch_tokens=4096, max_batch_requests=8)
+    big = {name: [words(3, f"{name}{i}") for i in range(16)] for name in ("a", "b")}
+
+    async def run():
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(engine.embed(texts)) for texts in big.values()]
+        await queued(engine)
+        single = asyncio.ensure_future(engine.embed(["just one"]))
+        await queued(engine)
+        backend.gate.set()
+        return await asyncio.gather(*tasks, single)
+
+    first, second, single = asyncio.run(run())
+    engine.stop()
+    # a fills the first pass whole (8 rows); the single (served least) leads the next with 7 of b's rows
+    assert [len(rows) for rows in backend.passes] == [8, 8, 8, 8, 1]
+    assert backend.passes[1][0] == 4  # [CLS] just one [SEP]
+    for texts, result in zip(big.values(), (first, second)):
+        assert np.array_equal(result.vectors, np.stack([alone(backend, t) for t in texts]))
+    assert np.array_equal(single.vectors[0], alone(backend, "just one"))
+
+
+def test_requests_sharing_a_pass_keep_the_vectors_they_asked_for():
+    engine, backend = make_engine()
+    texts = [words(n, "n") for n in (9, 2, 5)]
+
+    async def run():
+        backend.gate.clear()
+        tasks = [asyncio.ensure_future(engine.embed(texts, normalize=flag)) for flag in (True, False)]
+        await queued(engine)
+        backend.gate.set()
+        return await asyncio.gather(*tasks)
+
+    normalized, raw = asyncio.run(run())
+    engine.stop()
+    assert len(backend.passes) == 1  # one pass served both
+    assert np.allclose(np.linalg.norm(normalized.vectors, axis=1), 1) and np.linalg.norm(raw.vectors, axis=1).min() > 2
+    assert np.allclose(raw.vectors / np.linalg.norm(raw.vectors, axis=1, keepdims=True), normalized.vectors)
+
+
+def test_token_batches_slice_take_concat_and_pad_as_their_rows_do():
+    from service.engine.backends.base import pad_batch
+    from service.ipc.messages import TokenBatch
+
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(1, 999, int(n)).tolist() for n in rng.integers(1, 12, 9)]
+    types = [[k % 2] * len(r) for k, r in enumerate(rows)]
+    batch = TokenBatch.from_rows(rows, types)
+
+    def as_rows(b):
+        return [(b.row(i).tolist(), b.type_row(i).tolist()) for i in range(len(b))]
+
+    expected = list(zip(rows, types))
+    order = np.array([4, 0, 8, 2, 2])
+    assert as_rows(batch.take(order)) == [expected[i] for i in order]
+    assert as_rows(batch.slice(3, 7)) == expected[3:7]
+    assert as_rows(TokenBatch.concat([batch.slice(5, 9), batch.take(np.array([1]))])) == expected[5:9] + [expected[1]]
+    with pytest.raises(ValueError, match="type ids"):
+        TokenBatch.concat([batch, TokenBatch.from_rows(rows)])
+    feeds = pad_batch(batch.slice(2, 6), 12, pad_id=0, rows=6)
+    for i, (ids, kinds) in enumerate(expected[2:6]):
+        n = len(ids)
+        assert feeds["input_ids"][i].tolist() == ids + [0] * (12 - n)
+        assert feeds["attention_mask"][i].tolist() == [1] * n + [0] * (12 - n)
+        assert feeds["token_type_ids"][i].tolist() == kinds + [0] * (12 - n)
+    assert not feeds["attention_mask"][4:].any() and not feeds["input_ids"][4:].any()  # bucket rows: all padding

@@ -1,10 +1,11 @@
 """Admission by expected wait: a request is refused only when it would wait too long, not because
 other requests hold a count of permits.
 
-The queue serves the least-served request first, one row each in turn, so it behaves like
-processor sharing: a request of T tokens is held up, beyond its own work, by the pass running now
-and, from each request ahead of it, at most T of theirs (a one-text request overtakes a 256-text one
-after one pass). Its expected queueing time is therefore
+The queue fills each pass with the least-served requests first (then the smallest), so it behaves
+like processor sharing at the grain of a pass (least attained service): a request of T tokens is held
+up, beyond its own work, by the pass running now and, from each request ahead of it, at most about T
+of theirs (a one-text request overtakes a 256-text one after one pass). Its expected queueing time is
+therefore
 
     wait(T) = (sum_j min(remaining_j, T) + tokens of the pass running now) / rate
 
@@ -45,7 +46,7 @@ class Admission:
 
     def expected_wait(self, tokens: int, queued: list[int], running: int = 0) -> float:
         """Seconds a request of `tokens` would wait for the other requests: `queued` ones' remaining tokens, as
-        the fair queue interleaves them with it, and the pass now running (0 before any pass was measured)."""
+        the fair queue takes turns with it, and the pass now running (0 before any pass was measured)."""
         if self._rate is None:
             return 0.0
         ahead = sum(min(r, tokens) for r in queued)

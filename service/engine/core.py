@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.engine.admission import Admission
-from service.engine.backends import Backend, Tokenized, bucketed_rows, padded_length
+from service.engine.backends import Backend, padded_length
 from service.engine.queue import BatchQueue, Job
 from service.ipc.messages import (
     EmbedResult,
@@ -113,7 +113,7 @@ class Engine:
                 "tokens_per_s": self.admission.rate}
 
     # --- the request path ------------------------------------------------------------------------
-    def submit(self, batch: TokenBatch, *, timeout_s: float | None = None,
+    def submit(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
                on_done: Callable[[Job], object], context: Any = None) -> Job:
         """Admit and queue token ids already checked and truncated by the API process; `on_done(job)` is
         called once, from an engine thread. Every submitted job is `release`d once by its submitter, from
@@ -124,7 +124,7 @@ class Engine:
             raise InvalidInput("no inputs")
         self._admit(batch)
         job = Job(batch, self.info.dimension, time.monotonic() + (timeout_s or self.config.request_timeout_s),
-                  on_done, context)
+                  on_done, context, normalize)
         self._held_inputs += job.size
         self.queue.put(job)
         return job
@@ -135,7 +135,7 @@ class Engine:
             job.cancelled = True
         self._held_inputs -= job.size
 
-    def result(self, job: Job, normalize: bool = True) -> EmbedResult:
+    def result(self, job: Job) -> EmbedResult:
         """A finished job's answer, or its error raised."""
         if job.error is not None:
             raise job.error
@@ -143,16 +143,17 @@ class Engine:
             raise RuntimeError("result() of a job that never ran")
         queue_s = job.scheduled_at - job.enqueued_at
         self.metrics.queue_seconds.observe(queue_s)
-        return EmbedResult(job.normalized if normalize else job.raw, job.prompt_tokens, queue_s, job.inference_s)
+        return EmbedResult(job.vectors, job.prompt_tokens, queue_s, job.inference_s)
 
     async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None) -> EmbedResult:
         """The same, awaited on an event loop in this process (tests, tools)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = self.submit(batch, timeout_s=timeout_s, on_done=lambda j: loop.call_soon_threadsafe(_resolve, future))
+        job = self.submit(batch, normalize=normalize, timeout_s=timeout_s,
+                          on_done=lambda j: loop.call_soon_threadsafe(_resolve, future))
         try:
             await future
-            return self.result(job, normalize)
+            return self.result(job)
         finally:
             self.release(job)
 
@@ -193,13 +194,13 @@ class Engine:
                 self._running_tokens = 0
 
     def _run(self, parts: list[tuple[Job, int, int]]) -> None:
-        items = [job.item(start + k) for job, start, n in parts for k in range(n)]
+        batch = TokenBatch.concat([job.rows(start, n) for job, start, n in parts])
         seq_len = padded_length(max(job.longest(start, n) for job, start, n in parts), self.pad_to_multiple_of)
         start_time = time.perf_counter()
         try:
-            normalized, raw = self.backend.run(items, seq_len)
+            normalized, raw = self.backend.run(batch, seq_len)
         except Exception as e:
-            if len(items) > 1:  # find the culprit: each row alone gives the same bits as in the batch
+            if len(batch) > 1:  # find the culprit: each row alone gives the same bits as in the batch
                 for job, start, n in parts:
                     for k in range(n):
                         self._run([(job, start + k, 1)])
@@ -210,7 +211,7 @@ class Engine:
         seconds = time.perf_counter() - start_time
         tokens = sum(job.tokens(start, n) for job, start, n in parts)
         self.admission.observe_pass(tokens, seconds)
-        self.metrics.observe_pass(len(items), tokens, len(items) * seq_len, seconds)
+        self.metrics.observe_pass(len(batch), tokens, len(batch) * seq_len, seconds)
         row = 0
         for job, start, n in parts:  # a job's rows are consecutive in the pass: one slice each
             job.inference_s += seconds
@@ -229,10 +230,9 @@ def measure_rate(engine: Engine, token_id: int = 1000) -> None:
     backend = engine.backend
     length = min(backend.info.max_seq_length, 128)
     seq_len = padded_length(length, backend.pad_to_multiple_of)
-    rows = max(1, min(engine.queue.max_batch_tokens // seq_len, engine.config.max_batch_requests))
-    while rows > 1 and bucketed_rows(rows, backend.row_buckets) * seq_len > engine.queue.max_batch_tokens:
-        rows -= 1  # a pass the queue could form: its rows as the backend pads them fit the budget too
-    items = [Tokenized(np.full(length, token_id, dtype=np.int32), None) for _ in range(rows)]
+    rows = max(1, min(engine.queue.rows_within(seq_len), engine.config.max_batch_requests))  # a pass the queue forms
+    batch = TokenBatch(np.full(rows * length, token_id, dtype=np.int32),
+                       np.arange(0, rows * length + 1, length, dtype=np.int64))
     start = time.perf_counter()
-    backend.run(items, seq_len)
+    backend.run(batch, seq_len)
     engine.admission.observe_pass(rows * length, time.perf_counter() - start)

@@ -1,9 +1,9 @@
 """The batch queue: tokenised requests wait here and leave as forward passes under a token budget.
 
 Modelled on TEI's `core/src/queue.rs`, with two changes for a CPU where one pass can take seconds:
-- **fair**: each pass is led by the request that has been served the fewest tokens so far (then the
-  oldest), so a one-text request arriving behind a 256-text request runs in the next pass, not
-  after it;
+- **fair**: the requests served the fewest tokens so far (then the smallest) fill each pass first,
+  each with as many of its rows as the pass takes, so a one-text request arriving behind a
+  256-text request runs in the next pass, not after it, and large requests take turns pass by pass;
 - **grouped by length**: a row joins a pass only if the pass's padded length stays within twice
   the row's own, so short texts are not padded to a long neighbour's length (the budget alone
   would allow 63 short rows at 256 tokens each).
@@ -17,6 +17,7 @@ The queue is shared by the submitting thread (put) and the inference thread (nex
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.backends.base import Tokenized, bucketed_rows, padded_length
+from service.engine.backends.base import bucketed_rows, padded_length
 from service.ipc.messages import TokenBatch
 
 #: a row may be padded to at most this many times its own (padded) length
@@ -41,8 +42,8 @@ class Job:
     deadline: float  # time.monotonic()
     on_done: Callable[[Job], object]
     context: Any = None  # the submitter's own: whom to answer
-    normalized: np.ndarray = field(init=False)
-    raw: np.ndarray = field(init=False)
+    normalize: bool = True  # which of a pass's two outputs the request wants: only that one is kept
+    vectors: np.ndarray = field(init=False)
     error: BaseException | None = None
     cancelled: bool = False  # the caller left: rows not yet run are dropped
     enqueued_at: float = 0.0
@@ -50,10 +51,10 @@ class Job:
     inference_s: float = 0.0  # time spent in passes that carried its rows
     served_tokens: int = 0
     size: int = field(init=False)  # rows
-    _order: np.ndarray = field(init=False)  # row indices, shortest first: the order rows are scheduled
+    _order: np.ndarray | None = field(init=False)  # row indices, shortest first (None: already in that order)
+    _scheduled: TokenBatch = field(init=False)  # the rows in that order: a pass's share is one slice of it
     _sorted: list[int] = field(init=False)  # the rows' lengths in that order
     _cumulative: list[int] = field(init=False)  # tokens of the first k rows in that order
-    _offsets: list[int] = field(init=False)
     _cursor: int = 0
     _pending: int = field(init=False)
     prompt_tokens: int = field(init=False)
@@ -62,14 +63,19 @@ class Job:
     def __post_init__(self) -> None:
         # whole-array work here, so no step of the engine needs a Python object per row
         n = self.size = len(self.batch)
-        lengths = np.diff(self.batch.offsets)
-        self._order = np.argsort(lengths, kind="stable")
-        ordered = lengths[self._order]
-        self._sorted = ordered.tolist()
-        self._cumulative = [0, *np.cumsum(ordered).tolist()]
-        self._offsets = self.batch.offsets.tolist()
-        self.normalized = np.empty((n, self.dimension), dtype=np.float32)
-        self.raw = np.empty((n, self.dimension), dtype=np.float32)
+        self._order, self._scheduled = None, self.batch
+        if n == 1:  # most requests under load: no array work at all
+            length = int(self.batch.offsets[1] - self.batch.offsets[0])
+            self._sorted, self._cumulative = [length], [0, length]
+        else:
+            lengths = self.batch.lengths
+            if (lengths[1:] < lengths[:-1]).any():
+                self._order = np.argsort(lengths, kind="stable")
+                self._scheduled = self.batch.take(self._order)
+                lengths = lengths[self._order]
+            self._sorted = lengths.tolist()
+            self._cumulative = [0, *np.cumsum(lengths).tolist()]
+        self.vectors = np.empty((n, self.dimension), dtype=np.float32)
         self._pending = n
         self.prompt_tokens = self._cumulative[-1]
 
@@ -77,12 +83,9 @@ class Job:
     def finished(self) -> bool:
         return self._finished
 
-    def item(self, position: int) -> Tokenized:
-        """The row at `position` in scheduling order, as a backend takes it."""
-        row = int(self._order[position])
-        start, end = self._offsets[row], self._offsets[row + 1]
-        types = self.batch.type_ids
-        return Tokenized(self.batch.ids[start:end], None if types is None else types[start:end])
+    def rows(self, start: int, n: int) -> TokenBatch:
+        """The rows at scheduling positions start.. as a backend takes them (views)."""
+        return self._scheduled.slice(start, start + n)
 
     def longest(self, start: int, n: int) -> int:
         return self._sorted[start + n - 1]  # scheduling order is shortest first
@@ -92,10 +95,13 @@ class Job:
 
     def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray) -> None:
         """The vectors of the rows at scheduling positions start.. (one pass's share of this job)."""
-        rows = self._order[start:start + len(normalized)]
-        self.normalized[rows] = normalized
-        self.raw[rows] = raw
-        self._pending -= len(rows)
+        vectors = normalized if self.normalize else raw
+        n = len(vectors)
+        if self._order is None:
+            self.vectors[start:start + n] = vectors
+        else:
+            self.vectors[self._order[start:start + n]] = vectors
+        self._pending -= n
         if self._pending == 0:
             self._finish()
 
@@ -134,6 +140,7 @@ class BatchQueue:
         self._jobs: list[Job] = []
         self._closed = False
         self._waiting = False  # the inference thread sleeps on _cond
+        self._row_limits: dict[int, int] = {}  # padded length → rows the budget allows (rows_within)
 
     # --- the submitting side -------------------------------------------------------------------
     def put(self, job: Job) -> None:
@@ -156,6 +163,17 @@ class BatchQueue:
         """Each queued request's tokens not yet in a pass: what admission weighs a new request against."""
         with self._cond:
             return [j.prompt_tokens - j.served_tokens for j in self._jobs]
+
+    def rows_within(self, seq_len: int) -> int:
+        """The most rows a pass padded to `seq_len` may hold under the token budget, rows as the backend pads
+        them (bucketed) counted."""
+        if (known := self._row_limits.get(seq_len)) is not None:
+            return known
+        rows = self.max_batch_tokens // seq_len
+        while rows > 0 and bucketed_rows(rows, self.row_buckets) * seq_len > self.max_batch_tokens:
+            rows -= 1
+        self._row_limits[seq_len] = rows
+        return rows
 
     # --- inference-thread side ------------------------------------------------------------------
     def next_batch(self) -> Batch | None:
@@ -184,40 +202,39 @@ class BatchQueue:
         self._jobs = alive
 
     def _select(self) -> Batch:
-        # Least-served job first, then the oldest: the first row always fits (see __init__).
-        jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.enqueued_at))
-        taken = dict.fromkeys(jobs, 0)
-        multiple, budget, cap, buckets = (self.pad_to_multiple_of, self.max_batch_tokens, self.max_batch_requests,
-                                          self.row_buckets)
+        # Least-served job first, then the smallest (a one-text request is not held a pass behind a large one
+        # that arrived just before it), then the oldest; each puts in as many of its next rows as the pass still
+        # takes (the first row always fits: see __init__). A job's rows are sorted by length, so each run of rows
+        # padded to one length joins or stops as a whole: steps per distinct length, not per row.
+        jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.prompt_tokens, j.enqueued_at))
+        taken: dict[Job, int] = {}
+        multiple, cap = self.pad_to_multiple_of, self.max_batch_requests
         rows = seq_len = shortest = 0
-        open_jobs = jobs
-        while open_jobs and rows < cap:
-            still_open = []
-            for job in open_jobs:  # one row from each job per round: round-robin among the chosen
-                if rows == cap:
-                    break
-                position = job._cursor + taken[job]
-                if position == job.size:
-                    continue
-                own = -(-job._sorted[position] // multiple) * multiple  # padded_length, inlined: once per row
+        for job in jobs:
+            if rows == cap:
+                break
+            lengths, position = job._sorted, job._cursor
+            while position < job.size and rows < cap:
+                own = -(-lengths[position] // multiple) * multiple  # padded_length, inlined
                 new_len = max(seq_len, own)
                 new_short = min(shortest, own) if rows else own
-                padded_rows = bucketed_rows(rows + 1, buckets) if buckets else rows + 1
-                if rows and (padded_rows * new_len > budget or new_len > MAX_PADDING_RATIO * new_short):
-                    continue  # this job's later rows are longer still: it is done for this pass
-                rows += 1
-                taken[job] += 1
-                seq_len, shortest = new_len, new_short
-                still_open.append(job)
-            open_jobs = still_open
+                room = self.rows_within(new_len) - rows
+                if rows and (room <= 0 or new_len > MAX_PADDING_RATIO * new_short):
+                    break  # this job's later rows are longer still: it is done for this pass
+                same_length = bisect.bisect_right(lengths, own, position) - position
+                n = max(1, min(same_length, cap - rows, room))
+                rows, position, seq_len, shortest = rows + n, position + n, new_len, new_short
+                if n < same_length:
+                    break  # the pass is full
+            if position > job._cursor:
+                taken[job] = position - job._cursor
         now = time.monotonic()
         parts = []
         for job, n in taken.items():
-            if n:
-                parts.append((job, job._cursor, n))
-                job.served_tokens += job.tokens(job._cursor, n)
-                job._cursor += n
-                if job.scheduled_at is None:
-                    job.scheduled_at = now
+            parts.append((job, job._cursor, n))
+            job.served_tokens += job.tokens(job._cursor, n)
+            job._cursor += n
+            if job.scheduled_at is None:
+                job.scheduled_at = now
         self._jobs = [j for j in self._jobs if j._cursor < j.size]
         return Batch(parts)

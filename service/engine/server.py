@@ -126,9 +126,9 @@ class EngineServer:
         request_id = header["id"]
         if op == "embed":
             try:
-                job = self.engine.submit(batch_from_frames(*frames), timeout_s=header.get("timeout_s"),
-                                         on_done=self._finished,
-                                         context=(peer, request_id, header.get("normalize", True)))
+                job = self.engine.submit(batch_from_frames(*frames), normalize=header.get("normalize", True),
+                                         timeout_s=header.get("timeout_s"), on_done=self._finished,
+                                         context=(peer, request_id))
             except Exception as e:
                 if not isinstance(e, EngineError):
                     log.exception("request failed in the engine")
@@ -165,12 +165,12 @@ class EngineServer:
                 self._health_checks -= 1
                 self._reply(*item)
                 continue
-            peer, request_id, normalize = item.context
+            peer, request_id = item.context
             if self._jobs.pop((peer, request_id), None) is not item:
                 continue  # cancelled: its caller already left
             self.engine.release(item)
             try:
-                result = self.engine.result(item, normalize)
+                result = self.engine.result(item)
             except Exception as e:
                 self._reply(peer, error_header(request_id, e))
                 continue

@@ -42,6 +42,35 @@ class TokenBatch:
         types = None if type_rows is None else np.fromiter(chain.from_iterable(type_rows), dtype=np.int8, count=total)
         return cls(ids, offsets, types)
 
+    @classmethod
+    def concat(cls, batches: list[TokenBatch]) -> TokenBatch:
+        """The rows of `batches`, one after the other (a pass from its requests' shares)."""
+        if len(batches) == 1:
+            return batches[0]
+        ids = np.concatenate([b.ids for b in batches])
+        offsets = np.zeros(sum(map(len, batches)) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate([b.lengths for b in batches]), out=offsets[1:])
+        typed = [b.type_ids is not None for b in batches]
+        if any(typed) and not all(typed):
+            raise ValueError("TokenBatch.concat: batches with and without type ids")
+        types = np.concatenate([b.type_ids for b in batches if b.type_ids is not None]) if all(typed) else None
+        return cls(ids, offsets, types)
+
+    def slice(self, start: int, stop: int) -> TokenBatch:
+        """Rows start..stop-1, as views of this batch's buffers."""
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        types = None if self.type_ids is None else self.type_ids[first:last]
+        return TokenBatch(self.ids[first:last], self.offsets[start:stop + 1] - first, types)
+
+    def take(self, rows: np.ndarray) -> TokenBatch:
+        """The given rows, in that order (whole-array work: no Python step per row)."""
+        lengths = self.lengths[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # each token's source: its row's start there, plus its place in its row
+        source = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return TokenBatch(self.ids[source], offsets, None if self.type_ids is None else self.type_ids[source])
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.engine.backends.base import Backend, BackendError, Tokenized, bucketed_rows, padded_length
+from service.engine.backends.base import Backend, BackendError, bucketed_rows, padded_length
 
-__all__ = ["Backend", "BackendError", "Tokenized", "bucketed_rows", "create_backend", "padded_length"]
+__all__ = ["Backend", "BackendError", "bucketed_rows", "create_backend", "padded_length"]
 
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,

@@ -7,7 +7,6 @@ engine and the routes be tested without a model; the null backend measures the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -15,30 +14,13 @@ import numpy as np
 from service.ipc.messages import ModelInfo, TokenBatch
 
 
-@dataclass(slots=True)
-class Tokenized:
-    """One input of a pass: its token ids (a view into the request's TokenBatch)."""
-
-    ids: np.ndarray | list[int]
-    type_ids: np.ndarray | list[int] | None = None
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
-
-
-def tokenized_rows(batch: TokenBatch) -> list[Tokenized]:
-    """A TokenBatch's inputs as the backend takes them (views into its buffers)."""
-    return [Tokenized(batch.row(i), batch.type_row(i)) for i in range(len(batch))]
-
-
 class Backend(Protocol):
     info: ModelInfo
     pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
     row_buckets: tuple[int, ...]  # a pass's row count is padded up to one of these (none: not padded)
 
-    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """One forward pass over `items` padded to `seq_len`: (normalised, raw) float32 [n, dim];
+    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """One forward pass over `batch`'s rows padded to `seq_len`: (normalised, raw) float32 [n, dim];
         a cross-encoder's scores as both, [n, 1]."""
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
@@ -52,18 +34,18 @@ class BackendError(RuntimeError):
     """The model failed on a batch (the engine retries its items one by one to find the culprit)."""
 
 
-def pad_batch(items: list[Tokenized], seq_len: int, pad_id: int, rows: int | None = None) -> dict[str, np.ndarray]:
+def pad_batch(batch: TokenBatch, seq_len: int, pad_id: int, rows: int | None = None) -> dict[str, np.ndarray]:
     """input_ids / attention_mask / token_type_ids as int64 [rows, seq_len]; extra rows are all padding."""
-    rows = rows or len(items)
-    ids = np.full((rows, seq_len), pad_id, dtype=np.int64)
+    rows = rows or len(batch)
     mask = np.zeros((rows, seq_len), dtype=np.int64)
+    # rows are left-aligned, so the mask's cells in row-major order are the batch's tokens end to end
+    real = np.arange(seq_len) < batch.lengths[:, None]
+    mask[: len(batch)] = real
+    ids = np.full((rows, seq_len), pad_id, dtype=np.int64)
+    ids[: len(batch)][real] = batch.ids
     types = np.zeros((rows, seq_len), dtype=np.int64)
-    for row, item in enumerate(items):
-        n = len(item.ids)
-        ids[row, :n] = item.ids
-        mask[row, :n] = 1
-        if item.type_ids is not None:
-            types[row, :n] = item.type_ids
+    if batch.type_ids is not None:
+        types[: len(batch)][real] = batch.type_ids
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 

@@ -17,8 +17,8 @@ import zlib
 
 import numpy as np
 
-from service.engine.backends.base import BackendError, Tokenized, bucketed_rows, tokenized_rows
-from service.ipc.messages import ModelInfo
+from service.engine.backends.base import BackendError, bucketed_rows
+from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import CROSS_ENCODER, EMBEDDING
 from service.tokenization import WordTokenizer
 
@@ -47,30 +47,32 @@ class FakeBackend:
         self.padded_tokens: list[int] = []  # rows (bucketed) × seq_len of each pass
         self.healthy = True
 
-    def items(self, texts: list[str]) -> list[Tokenized]:
+    def items(self, texts: list[str]) -> TokenBatch:
         """Texts as the engine receives them (tests)."""
-        return tokenized_rows(self.tokenizer.encode(texts)[0])
+        return self.tokenizer.encode(texts)[0]
 
-    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         self.at_gate.set()
         self.gate.wait()
-        assert all(i.length <= seq_len for i in items), "a row longer than its batch"
-        self.passes.append([i.length for i in items])
-        self.padded_tokens.append(bucketed_rows(len(items), self.row_buckets) * seq_len)
+        lengths = batch.lengths.tolist()
+        assert max(lengths) <= seq_len, "a row longer than its batch"
+        self.passes.append(lengths)
+        self.padded_tokens.append(bucketed_rows(len(batch), self.row_buckets) * seq_len)
         if self.seconds_per_token:
             time.sleep(self.seconds_per_token * self.padded_tokens[-1])
-        if any(FAIL in i.ids for i in items):
+        if FAIL in batch.ids:
             raise BackendError("fake backend: the batch holds FAIL")
         if self.info.is_cross_encoder:
-            scores = np.array([[self._score(i)] for i in items], dtype=np.float32)
+            scores = np.array([[self._score(batch.row(i), batch.type_row(i))] for i in range(len(batch))],
+                              dtype=np.float32)
             return scores, scores
-        raw = np.stack([self._vector(i.ids) for i in items])
+        raw = np.stack([self._vector(batch.row(i)) for i in range(len(batch))])
         return raw / np.linalg.norm(raw, axis=1, keepdims=True), raw
 
     @staticmethod
-    def _score(item: Tokenized) -> float:
-        ids = [int(t) for t in item.ids]
-        types = [int(t) for t in item.type_ids] if item.type_ids is not None else [0] * item.length
+    def _score(ids_row: np.ndarray, type_row: np.ndarray | None) -> float:
+        ids = [int(t) for t in ids_row]
+        types = [int(t) for t in type_row] if type_row is not None else [0] * len(ids)
         first = {t for t, s in zip(ids, types) if s == 0} - {CLS, SEP}
         second = {t for t, s in zip(ids, types) if s == 1} - {SEP}
         return len(first & second) - 1.0

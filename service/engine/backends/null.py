@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.backends.base import Tokenized
-from service.ipc.messages import ModelInfo
+from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import Manifest
 
 
@@ -27,8 +26,8 @@ class NullBackend:
         self.row_buckets: tuple[int, ...] = ()
         self._unit = np.full(dimension, dimension ** -0.5, dtype=np.float32)
 
-    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        vectors = np.broadcast_to(self._unit, (len(items), len(self._unit)))
+    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        vectors = np.broadcast_to(self._unit, (len(batch), len(self._unit)))
         return vectors, vectors
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:

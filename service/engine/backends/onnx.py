@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from service.engine.backends.base import (
-    BackendError,
-    Tokenized,
-    bucketed_rows,
-    pad_batch,
-    padded_length,
-    tokenized_rows,
-)
+from service.engine.backends.base import BackendError, bucketed_rows, pad_batch, padded_length
 from service.engine.backends.cpu import physical_cores
-from service.ipc.messages import ModelInfo
+from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from service.tokenization import Tokenizer
 
@@ -160,10 +154,10 @@ class OnnxBackend:
         return variants[variant]
 
     # --- the Backend interface --------------------------------------------------------------
-    def run(self, items: list[Tokenized], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        rows = bucketed_rows(len(items) + 1 if (self._extra_row and len(items) == 1) else len(items),
-                             self.row_buckets)
-        feeds = pad_batch(items, seq_len, self.pad_id, rows)
+    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(batch)
+        rows = bucketed_rows(n + 1 if (self._extra_row and n == 1) else n, self.row_buckets)
+        feeds = pad_batch(batch, seq_len, self.pad_id, rows)
         if not self._needs_type_ids:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
@@ -177,8 +171,8 @@ class OnnxBackend:
             else:
                 normalized, raw = self.session.run(self._outputs, feeds, options)
         except Exception as e:  # onnxruntime raises its own types; the engine needs one
-            raise BackendError(f"onnxruntime failed on a batch of {len(items)}×{seq_len}: {e}") from e
-        return normalized[: len(items)], raw[: len(items)]
+            raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
+        return normalized[:n], raw[:n]
 
     def _run_cuda(self, feeds: dict[str, np.ndarray], options) -> list[np.ndarray]:
         # IO binding: inputs copied to the device once, outputs allocated there, no per-op host copies.
@@ -195,19 +189,20 @@ class OnnxBackend:
         words = "the quick brown fox jumps over a lazy dog while rain falls on old city streets at night".split()
         probes = self._items([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
                                 enumerate(list(range(1, 21)) + [27, 33, 40, 63])])
-        longer = self._items([" ".join(words * 5)])[0]
+        longer = self._items([" ".join(words * 5)])
         for multiple in candidates:
-            if all(self._same_bits(p, longer, multiple) for p in probes):
+            if all(self._same_bits(probes.slice(i, i + 1), longer, multiple) for i in range(len(probes))):
                 log.info("padding batches to a multiple of %d keeps batching bit-exact on this CPU", multiple)
                 return multiple
         log.warning("no padding multiple up to %d made batching bit-exact; using it anyway", candidates[-1])
         return candidates[-1]
 
-    def _same_bits(self, item: Tokenized, longer: Tokenized, multiple: int) -> bool:
-        own = padded_length(item.length, multiple)
-        alone = self.run([item], own)[0][0]
-        return (np.array_equal(alone, self.run([item], own + 2 * multiple)[0][0])
-                and np.array_equal(alone, self.run([item, longer], padded_length(longer.length, multiple))[0][0]))
+    def _same_bits(self, item: TokenBatch, longer: TokenBatch, multiple: int) -> bool:
+        own = padded_length(item.tokens, multiple)
+        alone = self.run(item, own)[0][0]
+        return (np.array_equal(alone, self.run(item, own + 2 * multiple)[0][0])
+                and np.array_equal(alone, self.run(TokenBatch.concat([item, longer]),
+                                                   padded_length(longer.tokens, multiple))[0][0]))
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         """The first runs allocate and pick kernels: keep them off the first requests (on CUDA, every row
@@ -220,8 +215,8 @@ class OnnxBackend:
         else:
             batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
         for texts in batches:
-            items = self._items(texts)
-            self.run(items, padded_length(max(i.length for i in items), self.pad_to_multiple_of))
+            batch = self._items(texts)
+            self.run(batch, self._seq_len(batch))
 
     def self_check(self) -> None:
         """Before the service is ready: the export's recorded sentences must come back as recorded.
@@ -274,36 +269,38 @@ class OnnxBackend:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
     def health(self) -> None:
-        items = self._items(["health check"])
-        normalized, _ = self.run(items, padded_length(items[0].length, self.pad_to_multiple_of))
+        batch = self._items(["health check"])
+        normalized, _ = self.run(batch, self._seq_len(batch))
         if not np.isfinite(normalized).all():
             raise BackendError("the health-check forward pass produced non-finite values")
 
     # --- in-process use (evaluation, tests): any number of texts --------------------------------
-    def _items(self, texts: list[str]) -> list[Tokenized]:
-        return tokenized_rows(self.tokenizer.encode(texts)[0])
+    def _items(self, texts: list[str]) -> TokenBatch:
+        return self.tokenizer.encode(texts)[0]
+
+    def _seq_len(self, batch: TokenBatch) -> int:
+        """What a pass of `batch` is padded to."""
+        return padded_length(int(batch.lengths.max()), self.pad_to_multiple_of)
 
     def encode(self, texts: list[str], normalize: bool = True, batch_size: int = 64) -> np.ndarray:
         """Embed texts in length-sorted batches, rows in input order."""
         out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
-        items = self._items(list(texts))
-        order = np.argsort([-i.length for i in items], kind="stable")
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
-            chunk = [items[i] for i in idx]
-            seq_len = padded_length(max(i.length for i in chunk), self.pad_to_multiple_of)
-            normalized, raw = self.run(chunk, seq_len)
-            out[idx] = normalized if normalize else raw
+        for rows, (normalized, raw) in self._in_passes(self._items(list(texts)), batch_size):
+            out[rows] = normalized if normalize else raw
         return out
 
     def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
         """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches."""
         out = np.zeros(len(pairs), dtype=np.float32)
-        items = tokenized_rows(self.tokenizer.encode_pairs(list(pairs))[0])
-        order = np.argsort([-i.length for i in items], kind="stable")
-        for start in range(0, len(pairs), batch_size):
-            idx = order[start : start + batch_size]
-            chunk = [items[i] for i in idx]
-            scores, _ = self.run(chunk, padded_length(max(i.length for i in chunk), self.pad_to_multiple_of))
-            out[idx] = scores[:, 0]
+        for rows, (scores, _) in self._in_passes(self.tokenizer.encode_pairs(list(pairs))[0], batch_size):
+            out[rows] = scores[:, 0]
         return out
+
+    def _in_passes(self, batch: TokenBatch,
+                   batch_size: int) -> Iterator[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]:
+        """Each length-sorted pass over `batch`: its rows' indices and what `run` gave for them."""
+        order = np.argsort(-batch.lengths, kind="stable")
+        for start in range(0, len(batch), batch_size):
+            rows = order[start : start + batch_size]
+            chunk = batch.take(rows)
+            yield rows, self.run(chunk, self._seq_len(chunk))
