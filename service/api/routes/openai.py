@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import base64
 import time
 from typing import cast
 
 import numpy as np
+import pybase64
 from fastapi import APIRouter, Request
 
 from service.api import schemas
@@ -48,8 +48,8 @@ def base64_rows(vectors: np.ndarray) -> list[str]:
     matrix = np.ascontiguousarray(vectors, dtype="<f4")
     row_bytes = matrix.shape[1] * 4
     if row_bytes % 3:
-        return [base64.b64encode(row.tobytes()).decode() for row in matrix]
-    text = base64.b64encode(matrix.tobytes()).decode("ascii")
+        return [pybase64.b64encode_as_string(row.tobytes()) for row in matrix]
+    text = pybase64.b64encode_as_string(matrix.tobytes())
     width = row_bytes // 3 * 4
     return [text[i:i + width] for i in range(0, len(text), width)]
 
