@@ -93,3 +93,16 @@ def test_shape_costs_times_passes_of_random_row_counts_with_and_without_row_buck
     assert set(costs) == {"no row buckets", "row buckets"}
     for t in costs.values():
         assert 0 < t["median_ms"] <= t["max_ms"] and t["seen_again_ms"] > 0
+
+
+def test_the_engine_bench_measures_cpu_per_request_for_each_size(null_export, tmp_path, capsys):
+    from benchmarks import engine
+
+    assert engine.main(["--model-dir", str(null_export), "--data-dir", str(tmp_path / "none"), "--rows", "1,8",
+                        "--rows-per-round", "64", "--rounds", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ")
+    rows = {int(line.split()[0]): [float(x) for x in line.split()[1:]] for line in lines[-2:]}
+    assert set(rows) == {1, 8}
+    for n, (per_request, per_row) in rows.items():
+        assert per_request > 0 and abs(per_row - per_request / n) < 0.01 * per_request
