@@ -212,8 +212,9 @@ class BertWordPiece:
                 row = [cls_id]
             else:
                 row += split(word)
-        original = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        if len(rows) and original.max() > limit:  # the text's own tokens cut, then [CLS] and [SEP] again
+        lengths = list(map(len, rows))
+        original = np.array(lengths, dtype=np.int64)
+        if max(lengths) > limit:  # the text's own tokens cut, then [CLS] and [SEP] again
             keep = limit - 2
             for cut in np.flatnonzero(original > limit):
                 own = rows[cut][1:-1]
