@@ -400,3 +400,27 @@ def test_token_batches_slice_take_concat_and_pad_as_their_rows_do():
         assert feeds["attention_mask"][i].tolist() == [1] * n + [0] * (12 - n)
         assert feeds["token_type_ids"][i].tolist() == kinds + [0] * (12 - n)
     assert not feeds["attention_mask"][4:].any() and not feeds["input_ids"][4:].any()  # bucket rows: all padding
+
+
+def test_the_queue_keeps_the_count_of_tokens_ahead_that_admission_bounds_a_wait_with():
+    from service.engine.queue import BatchQueue, Job
+    from service.ipc.messages import TokenBatch
+
+    queue = BatchQueue(max_batch_tokens=64, max_batch_requests=4, pad_to_multiple_of=8, max_seq_length=32)
+    jobs = [Job(TokenBatch.from_rows([[7] * n for n in sizes]), 8, float("inf"), lambda job: None)
+            for sizes in ((5, 9, 6), (3,), (12, 4, 4, 4, 4))]
+    for job in jobs:
+        queue.put(job)
+    assert queue.queued_tokens == sum(queue.remaining_tokens()) == 20 + 3 + 28
+    while queue.queued_tokens:
+        before = queue.queued_tokens
+        batch = queue.next_batch()
+        assert before - queue.queued_tokens == sum(job.tokens(start, n) for job, start, n in batch.parts)
+        assert queue.queued_tokens == sum(queue.remaining_tokens())
+    assert not queue.remaining_tokens()
+    late = Job(TokenBatch.from_rows([[7] * 6]), 8, float("inf"), lambda job: None)
+    queue.put(late)
+    late.cancelled = True  # counted until the next pass drops it
+    assert queue.queued_tokens == 6
+    queue.close()
+    assert queue.next_batch() is None and queue.queued_tokens == 0

@@ -47,10 +47,11 @@ class Admission:
     def expected_wait(self, tokens: int, queued: list[int], running: int = 0) -> float:
         """Seconds a request of `tokens` would wait for the other requests: `queued` ones' remaining tokens, as
         the fair queue takes turns with it, and the pass now running (0 before any pass was measured)."""
-        if self._rate is None:
-            return 0.0
-        ahead = sum(min(r, tokens) for r in queued)
-        return (ahead + running) / self._rate
+        return self.wait_for(sum(min(r, tokens) for r in queued) + running)
+
+    def wait_for(self, tokens_ahead: int) -> float:
+        """Seconds the backend takes to get through `tokens_ahead` at the measured rate (0 before any pass)."""
+        return 0.0 if self._rate is None else tokens_ahead / self._rate
 
     def retry_after(self, wait_s: float) -> float:
         """When a refused request could expect to get in: once the excess over the bound has drained."""

@@ -141,12 +141,14 @@ class BatchQueue:
         self._closed = False
         self._waiting = False  # the inference thread sleeps on _cond
         self._row_limits: dict[int, int] = {}  # padded length → rows the budget allows (rows_within)
+        self._queued_tokens = 0  # every queued request's tokens not yet in a pass (cancelled ones until dropped)
 
     # --- the submitting side -------------------------------------------------------------------
     def put(self, job: Job) -> None:
         job.enqueued_at = time.monotonic()
         with self._cond:
             self._jobs.append(job)
+            self._queued_tokens += job.prompt_tokens
             if self._waiting:  # a busy inference thread looks again after its pass: no wake-up per request
                 self._cond.notify()
 
@@ -158,6 +160,11 @@ class BatchQueue:
     def queued_rows(self) -> int:
         with self._cond:
             return sum(j.size - j._cursor for j in self._jobs)
+
+    @property
+    def queued_tokens(self) -> int:
+        """The tokens of every queued request not yet in a pass: all the work ahead of a new request, at most."""
+        return self._queued_tokens
 
     def remaining_tokens(self) -> list[int]:
         """Each queued request's tokens not yet in a pass: what admission weighs a new request against."""
@@ -200,6 +207,8 @@ class BatchQueue:
                 continue
             alive.append(job)
         self._jobs = alive
+        if not alive:
+            self._queued_tokens = 0
 
     def _select(self) -> Batch:
         # Least-served job first, then the smallest (a one-text request is not held a pass behind a large one
@@ -237,4 +246,5 @@ class BatchQueue:
             if job.scheduled_at is None:
                 job.scheduled_at = now
         self._jobs = [j for j in self._jobs if j._cursor < j.size]
+        self._queued_tokens = sum(j.prompt_tokens - j.served_tokens for j in self._jobs)
         return Batch(parts)
