@@ -321,16 +321,26 @@ def test_stop_finishes_what_is_queued_then_refuses():
 
 
 def test_messages_bundled_into_one_come_apart_as_they_went_in():
-    from service.ipc.messages import bundle, pack, unbundle, unpack
+    from service.ipc.messages import TokenBatch, batch_frames, batch_from_frames, bundle, pack, unbundle, unpack
 
-    messages = [[pack({"id": 1, "op": "embed"}), b"ids", b"offsets", b""], [pack({"id": 2, "op": "cancel"})],
-                [pack({"id": 3, "op": "embed"}), b"a", b"b", b"c"]]
+    messages = [({"id": 1, "op": "embed", "rows": 2}, [b"payload"]), ({"id": 2, "op": "cancel"}, []),
+                ({"id": 3, "op": "embed"}, [b"a", b"b", b"c"])]
     frames = bundle(messages)
+    assert len(frames) == 1 + 4  # every header in the first frame, then the buffers
     parts = unbundle(unpack(frames[0]), frames[1:])
     assert [(h["id"], h["op"], list(f)) for h, f in parts] == [
-        (1, "embed", [b"ids", b"offsets", b""]), (2, "cancel", []), (3, "embed", [b"a", b"b", b"c"])]
+        (1, "embed", [b"payload"]), (2, "cancel", []), (3, "embed", [b"a", b"b", b"c"])]
     single = bundle(messages[:1])  # one message travels as itself
-    assert single == messages[0] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1
+    assert single == [pack(messages[0][0]), b"payload"] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1
+    # a token batch crosses as one buffer, with and without type ids, and comes back as views of it
+    for types in (None, [[0, 0, 1], [1]]):
+        batch = TokenBatch.from_rows([[101, 7, 102], [5]], types)
+        (payload,) = batch_frames(batch)
+        back = batch_from_frames(2, bytes(payload))
+        assert back.ids.tolist() == [101, 7, 102, 5] and back.offsets.tolist() == [0, 3, 4]
+        assert (back.type_ids is None) == (types is None) and (types is None or back.type_ids.tolist() == [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="2 rows and 4 tokens"):
+        batch_from_frames(2, bytes(payload) + b"xx")
 
 
 def test_large_requests_take_turns_pass_by_pass_and_a_single_still_makes_the_next_pass():

@@ -94,7 +94,8 @@ class ZmqEngineClient:
         self._loop: asyncio.AbstractEventLoop
         self._fd: int
         self._drain_scheduled = False
-        self._outbox: list[tuple[list, asyncio.Future]] = []  # messages of this loop turn, sent together
+        # messages of this loop turn, (header, buffers) each, sent together
+        self._outbox: list[tuple[tuple[dict[str, Any], list], asyncio.Future]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._sent_to: dict[int, int | None] = {}  # request id → the engine pid it was sent to
@@ -143,7 +144,7 @@ class ZmqEngineClient:
 
     async def embed(self, batch: TokenBatch, *, normalize: bool = True,
                     timeout_s: float | None = None) -> EmbedResult:
-        header = {"op": "embed", "normalize": normalize, "timeout_s": timeout_s}
+        header = {"op": "embed", "normalize": normalize, "timeout_s": timeout_s, "rows": len(batch)}
         reply, frames = await self._call(header, batch_frames(batch))
         vectors = np.frombuffer(frames[0], dtype="<f4").reshape(reply["shape"])
         return EmbedResult(vectors, reply["prompt_tokens"], reply["queue_s"], reply["inference_s"])
@@ -168,7 +169,7 @@ class ZmqEngineClient:
         try:
             if not self._outbox:
                 self._loop.call_soon(self._flush)
-            self._outbox.append(([pack({**header, "id": request_id}), *(frames or [])], future))
+            self._outbox.append((({**header, "id": request_id}, frames or []), future))
             if timeout_s is None:
                 reply, frames = await future
             else:

@@ -57,7 +57,8 @@ class EngineServer:
         os.set_blocking(self._wake_write, False)
         self._awake = False  # a wake-up byte is on its way or the I/O thread is about to look: no more needed
         self._stopping = False
-        self._bundling: dict[bytes, list[list]] | None = None  # while answering a pass: messages by peer
+        # while answering a pass: (header, buffers) messages by peer
+        self._bundling: dict[bytes, list[tuple[dict, list]]] | None = None
 
     def serve(self) -> None:
         self._socket.bind(self.endpoint)
@@ -126,7 +127,8 @@ class EngineServer:
         request_id = header["id"]
         if op == "embed":
             try:
-                job = self.engine.submit(batch_from_frames(*frames), normalize=header.get("normalize", True),
+                job = self.engine.submit(batch_from_frames(header["rows"], *frames),
+                                         normalize=header.get("normalize", True),
                                          timeout_s=header.get("timeout_s"), on_done=self._finished,
                                          context=(peer, request_id))
             except Exception as e:
@@ -189,7 +191,7 @@ class EngineServer:
 
     def _reply(self, peer: bytes, header: dict, *frames) -> None:
         if self._bundling is not None:  # answering a pass: sent together at its end
-            self._bundling.setdefault(peer, []).append([pack(header), *frames])
+            self._bundling.setdefault(peer, []).append((header, list(frames)))
             return
         self._socket.send_multipart([peer, pack(header), *frames], copy=False)
 

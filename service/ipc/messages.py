@@ -4,9 +4,13 @@ A request is a batch of already-tokenised inputs; the answer is a float32 matrix
 raw array buffers in ZeroMQ frames (vLLM's `serial_utils`: arrays as buffers, never pickled), with
 one small msgpack header per message. No per-text Python object is ever serialised:
 
-    embed   [header, ids int32 (all rows end to end), offsets int64 [n+1], type_ids int8 or b""]
+    embed   [header with {"rows": n}, offsets int64 [n+1] + ids int32 (all rows end to end) + type_ids int8
+            (or nothing), in one buffer]
     answer  [header, vectors float32 [n, dim]]
     error   [header with {"error": kind, "message": ...}]
+
+Frames cost: pyzmq spends a few µs of Python on each one it sends or receives, so a request is one
+buffer, and a bundle of messages carries all their headers in its first frame.
 
 The engine's failure kinds are defined here, so both sides raise and catch the same classes.
 """
@@ -177,12 +181,16 @@ def unpack(frame) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)
 
 
-def bundle(messages: list[list]) -> list:
-    """Several messages (each a header frame and its buffers) as one ZeroMQ message: under load a
-    process sends and receives once per turn of its loop, not once per request."""
+def bundle(messages: list[tuple[dict[str, Any], list]]) -> list:
+    """Several messages (each a header and its buffers) as one ZeroMQ message: under load a process sends
+    and receives once per turn of its loop, not once per request. The headers travel together in the
+    first frame, then every message's buffers."""
     if len(messages) == 1:
-        return messages[0]
-    return [pack({"op": "bundle", "sizes": [len(m) for m in messages]}), *(f for m in messages for f in m)]
+        header, buffers = messages[0]
+        return [pack(header), *buffers]
+    return [pack({"op": "bundle", "headers": [header for header, _ in messages],
+                  "sizes": [len(buffers) for _, buffers in messages]}),
+            *(f for _, buffers in messages for f in buffers)]
 
 
 def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any], list]]:
@@ -190,21 +198,31 @@ def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any],
     if header.get("op") != "bundle":
         return [(header, frames)]
     out, at = [], 0
-    for size in header["sizes"]:
-        out.append((unpack(frames[at]), frames[at + 1:at + size]))
+    for inner, size in zip(header["headers"], header["sizes"]):
+        out.append((inner, frames[at:at + size]))
         at += size
     return out
 
 
 def batch_frames(batch: TokenBatch) -> list:
+    """A TokenBatch as one buffer: offsets, ids, then type ids if any (the header says how many rows)."""
     # ndarray.data: the array's buffer as a memoryview (numpy's stubs give memoryview(array) only on 3.12+)
-    types = b"" if batch.type_ids is None else np.ascontiguousarray(batch.type_ids, np.int8).data
-    return [np.ascontiguousarray(batch.ids, np.int32).data, np.ascontiguousarray(batch.offsets, np.int64).data, types]
+    parts = [np.ascontiguousarray(batch.offsets, np.int64).data, np.ascontiguousarray(batch.ids, np.int32).data]
+    if batch.type_ids is not None:
+        parts.append(np.ascontiguousarray(batch.type_ids, np.int8).data)
+    return [b"".join(parts)]
 
 
-def batch_from_frames(ids, offsets, types) -> TokenBatch:
-    type_ids = np.frombuffer(types, dtype=np.int8) if len(types) else None
-    return TokenBatch(np.frombuffer(ids, dtype=np.int32), np.frombuffer(offsets, dtype=np.int64), type_ids)
+def batch_from_frames(rows: int, payload) -> TokenBatch:
+    """The TokenBatch of `rows` rows that batch_frames wrote into `payload` (views of it, no copy)."""
+    offsets = np.frombuffer(payload, dtype=np.int64, count=rows + 1)
+    tokens, at = int(offsets[-1]), 8 * (rows + 1)
+    ids = np.frombuffer(payload, dtype=np.int32, count=tokens, offset=at)
+    at += 4 * tokens
+    if len(payload) not in (at, at + tokens):
+        raise ValueError(f"a token batch of {rows} rows and {tokens} tokens in {len(payload)} bytes")
+    type_ids = np.frombuffer(payload, dtype=np.int8, count=tokens, offset=at) if len(payload) > at else None
+    return TokenBatch(ids, offsets, type_ids)
 
 
 def error_header(request_id: int, error: BaseException) -> dict[str, Any]:
