@@ -19,7 +19,7 @@ def test_a_text_gets_the_same_bits_alone_and_in_any_batch(backend):
     rng = np.random.default_rng(1)
     words = "the cat sat on a mat while dogs bark loudly at night near old houses in quiet towns".split()
     texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(1, 90, 40)]
-    items = backend._items(texts)
+    items = backend._tokenize(texts)
     m = backend.pad_to_multiple_of
     alone = [backend.run(items.slice(i, i + 1), padded_length(int(items.lengths[i]), m))[0][0]
              for i in range(len(items))]

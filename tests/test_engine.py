@@ -45,7 +45,7 @@ def make_engine(**config) -> tuple[Harness, FakeBackend]:
 
 
 def alone(backend: FakeBackend, text: str) -> np.ndarray:
-    batch = backend.items([text])
+    batch = backend.tokenize([text])
     return backend.run(batch, padded_length(batch.tokens, backend.pad_to_multiple_of))[0][0]
 
 

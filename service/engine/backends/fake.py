@@ -47,7 +47,7 @@ class FakeBackend:
         self.padded_tokens: list[int] = []  # rows (bucketed) × seq_len of each pass
         self.healthy = True
 
-    def items(self, texts: list[str]) -> TokenBatch:
+    def tokenize(self, texts: list[str]) -> TokenBatch:
         """Texts as the engine receives them (tests)."""
         return self.tokenizer.encode(texts)[0]
 
@@ -82,7 +82,7 @@ class FakeBackend:
         return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
-        self.run(self.items(["warm up"]), self.pad_to_multiple_of)
+        self.run(self.tokenize(["warm up"]), self.pad_to_multiple_of)
         self.passes.clear()
         self.padded_tokens.clear()
 

@@ -187,9 +187,9 @@ class OnnxBackend:
     def calibrate_padding(self, candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int:
         """The smallest multiple for which probe texts give the same bits alone and in padded batches."""
         words = "the quick brown fox jumps over a lazy dog while rain falls on old city streets at night".split()
-        probes = self._items([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
+        probes = self._tokenize([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
                                 enumerate(list(range(1, 21)) + [27, 33, 40, 63])])
-        longer = self._items([" ".join(words * 5)])
+        longer = self._tokenize([" ".join(words * 5)])
         for multiple in candidates:
             if all(self._same_bits(probes.slice(i, i + 1), longer, multiple) for i in range(len(probes))):
                 log.info("padding batches to a multiple of %d keeps batching bit-exact on this CPU", multiple)
@@ -215,7 +215,7 @@ class OnnxBackend:
         else:
             batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
         for texts in batches:
-            batch = self._items(texts)
+            batch = self._tokenize(texts)
             self.run(batch, self._seq_len(batch))
 
     def self_check(self) -> None:
@@ -269,13 +269,13 @@ class OnnxBackend:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
     def health(self) -> None:
-        batch = self._items(["health check"])
+        batch = self._tokenize(["health check"])
         normalized, _ = self.run(batch, self._seq_len(batch))
         if not np.isfinite(normalized).all():
             raise BackendError("the health-check forward pass produced non-finite values")
 
     # --- in-process use (evaluation, tests): any number of texts --------------------------------
-    def _items(self, texts: list[str]) -> TokenBatch:
+    def _tokenize(self, texts: list[str]) -> TokenBatch:
         return self.tokenizer.encode(texts)[0]
 
     def _seq_len(self, batch: TokenBatch) -> int:
@@ -285,7 +285,7 @@ class OnnxBackend:
     def encode(self, texts: list[str], normalize: bool = True, batch_size: int = 64) -> np.ndarray:
         """Embed texts in length-sorted batches, rows in input order."""
         out = np.zeros((len(texts), self.info.dimension), dtype=np.float32)
-        for rows, (normalized, raw) in self._in_passes(self._items(list(texts)), batch_size):
+        for rows, (normalized, raw) in self._in_passes(self._tokenize(list(texts)), batch_size):
             out[rows] = normalized if normalize else raw
         return out
 
