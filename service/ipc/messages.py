@@ -52,10 +52,10 @@ class TokenBatch:
         ids = np.concatenate([b.ids for b in batches])
         offsets = np.zeros(sum(map(len, batches)) + 1, dtype=np.int64)
         np.cumsum(np.concatenate([b.lengths for b in batches]), out=offsets[1:])
-        typed = [b.type_ids is not None for b in batches]
-        if any(typed) and not all(typed):
-            raise ValueError("TokenBatch.concat: batches with and without type ids")
-        types = np.concatenate([b.type_ids for b in batches if b.type_ids is not None]) if all(typed) else None
+        types = None
+        if any(b.type_ids is not None for b in batches):  # a batch without them (token ids a client sent): zeros
+            types = np.concatenate([np.zeros(len(b.ids), np.int8) if b.type_ids is None else b.type_ids
+                                    for b in batches])
         return cls(ids, offsets, types)
 
     def slice(self, start: int, stop: int) -> TokenBatch:
