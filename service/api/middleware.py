@@ -29,6 +29,7 @@ from starlette.routing import Match
 
 from service.api.auth import ApiKeys
 from service.api.errors import ApiError, error_body, protocol_of
+from service.api.protocol import ON_CLIENT_LEFT
 from service.metrics import ApiMetrics
 
 access = logging.getLogger("sembed.access")
@@ -164,9 +165,8 @@ class RequestGuard:
         return app
 
     async def _run_app(self, scope, receive, send, body: bytes, app) -> None:
-        """Run the route in this task, cancelling it if the client disconnects before the answer is sent
-        (a watcher on `receive`; no second task for the route, no asyncio.wait)."""
-        left = asyncio.Event()
+        """Run the route in this task, cancelling it if the client disconnects before the answer is sent: the
+        protocol calls the hook left here in the scope (service/api/protocol.py), no task per request."""
         delivered = False
 
         async def replay():
@@ -174,32 +174,29 @@ class RequestGuard:
             if not delivered:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            await left.wait()
-            return {"type": "http.disconnect"}
+            return await receive()  # the body is read: what comes next is the disconnect
 
         current = asyncio.current_task()
         if current is None:
             raise RuntimeError("the guard runs the route in the request's task: there is none")
-        watcher = asyncio.ensure_future(receive())
-        running = True
+        left = False
 
-        def on_message(w: asyncio.Future) -> None:
-            if not w.cancelled() and w.exception() is None and w.result()["type"] == "http.disconnect":
-                left.set()
-                if running:
-                    current.cancel()
+        def on_client_left() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                current.cancel()
 
-        watcher.add_done_callback(on_message)
+        state = scope.setdefault("state", {})
+        state[ON_CLIENT_LEFT] = on_client_left
         try:
             await app(scope, replay, send)
         except asyncio.CancelledError:
             # the client left (our cancel, the only one pending): the request ends here, counted 499
-            if not left.is_set() or current.uncancel() > 0:
+            if not left or current.uncancel() > 0:
                 raise
         finally:
-            running = False
-            watcher.remove_done_callback(on_message)
-            watcher.cancel()
+            state.pop(ON_CLIENT_LEFT, None)
 
     async def _reply(self, scope, send, error: ApiError, request_id: str) -> None:
         route = self._route(scope)

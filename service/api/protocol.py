@@ -1,8 +1,12 @@
-"""uvicorn's HTTP protocol with a deadline on request headers.
+"""uvicorn's HTTP protocol with a deadline on request headers, telling the request guard when a client hangs up.
 
 uvicorn times out idle keep-alive connections but not a client that starts a request and never
 finishes its headers: such connections pile up until the server runs out of them. The body has
 its own deadline in the request guard; this one covers everything before the request reaches it.
+
+A client that hangs up before its answer is sent: the protocol learns it first (connection_lost) and calls
+the hook the request guard left in the request's scope, which cancels the request. ASGI's own way, a task
+per request waiting on `receive()` for http.disconnect, cost 15 µs a request (uvloop, 2-core EPYC).
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: scope["state"] key of the request guard's callback for a client that left mid-request
+ON_CLIENT_LEFT = "sembed.on_client_left"
 
 
 def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
@@ -31,7 +38,12 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            cycle = self.cycle
             super().connection_lost(exc)
+            if cycle is not None and not cycle.response_complete:
+                on_left = cycle.scope.get("state", {}).get(ON_CLIENT_LEFT)
+                if on_left is not None:
+                    on_left()
 
         def _arm(self) -> None:
             self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
