@@ -212,7 +212,7 @@ class Engine:
                 parts[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
             return
         seconds = time.perf_counter() - start_time
-        tokens = sum(job.tokens(start, n) for job, start, n in parts)
+        tokens = batch.tokens
         self.admission.observe_pass(tokens, seconds)
         self.metrics.observe_pass(len(batch), tokens, len(batch) * seq_len, seconds)
         row = 0

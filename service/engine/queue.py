@@ -224,7 +224,7 @@ class BatchQueue:
                 break
             lengths, position = job._sorted, job._cursor
             while position < job.size and rows < cap:
-                own = -(-lengths[position] // multiple) * multiple  # padded_length, inlined
+                own = padded_length(lengths[position], multiple)
                 new_len = max(seq_len, own)
                 new_short = min(shortest, own) if rows else own
                 room = self.rows_within(new_len) - rows

@@ -50,8 +50,7 @@ class TokenBatch:
         if len(batches) == 1:
             return batches[0]
         ids = np.concatenate([b.ids for b in batches])
-        offsets = np.zeros(sum(map(len, batches)) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate([b.lengths for b in batches]), out=offsets[1:])
+        offsets = _offsets(np.concatenate([b.lengths for b in batches]))
         types = None
         if any(b.type_ids is not None for b in batches):  # a batch without them (token ids a client sent): zeros
             types = np.concatenate([np.zeros(len(b.ids), np.int8) if b.type_ids is None else b.type_ids
@@ -67,8 +66,7 @@ class TokenBatch:
     def take(self, rows: np.ndarray) -> TokenBatch:
         """The given rows, in that order (whole-array work: no Python step per row)."""
         lengths = self.lengths[rows]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = _offsets(lengths)
         # each token's source: its row's start there, plus its place in its row
         source = np.repeat(self.offsets[rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
         return TokenBatch(self.ids[source], offsets, None if self.type_ids is None else self.type_ids[source])
@@ -89,6 +87,13 @@ class TokenBatch:
 
     def type_row(self, i: int) -> np.ndarray | None:
         return None if self.type_ids is None else self.type_ids[self.offsets[i]:self.offsets[i + 1]]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """Row offsets [n + 1] of rows of these lengths laid end to end."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 # --- what an engine says about its model ----------------------------------------------------------
