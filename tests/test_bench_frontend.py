@@ -106,3 +106,14 @@ def test_the_engine_bench_measures_cpu_per_request_for_each_size(null_export, tm
     assert set(rows) == {1, 8}
     for n, (per_request, per_row) in rows.items():
         assert per_request > 0 and abs(per_row - per_request / n) < 0.01 * per_request
+
+
+def test_the_micro_bench_times_each_hot_path_choice(default_export, capsys):
+    from benchmarks import micro
+
+    assert micro.main(["--model-dir", str(default_export), "--repeat", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ") and len(lines) == 9
+    assert "pybase64" in lines[1] and "orjson" in lines[2] and "tokeniser" in lines[3] and "64 frames" in lines[5]
+    defaults, kept = (float(line.split(": ")[1].split()[0]) for line in lines[7:])
+    assert kept < defaults  # the same pattern tests/test_process.py checks closely

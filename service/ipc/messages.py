@@ -9,8 +9,9 @@ one small msgpack header per message. No per-text Python object is ever serialis
     answer  [header, vectors float32 [n, dim]]
     error   [header with {"error": kind, "message": ...}]
 
-Frames cost: pyzmq spends a few µs of Python on each one it sends or receives, so a request is one
-buffer, and a bundle of messages carries all their headers in its first frame.
+Frames cost: pyzmq spends a few µs of Python on each one it sends or receives (`python -m
+benchmarks.micro`), so a request is one buffer, and a bundle of messages carries all their headers in its
+first frame.
 
 The engine's failure kinds are defined here, so both sides raise and catch the same classes.
 """

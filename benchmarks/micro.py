@@ -1,0 +1,150 @@
+"""The small costs behind the service's hot-path choices, each timed alone (RESULTS.md cites what this printed).
+
+- base64 of a 256 × 384 float32 answer: the standard library against pybase64 (the OpenAI route's);
+- the same answer as JSON, orjson writing the floats (TEI's /embed);
+- one short text through the API process's tokeniser (service.tokenization.Tokenizer, the export's);
+- pyzmq: one round trip over inproc, per frame, for 4 and 64 frames (why a token batch is one buffer);
+- a task per request waiting on an ASGI receive(), created and cancelled (what the disconnect hook replaced);
+- glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
+  two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
+  interpreter each: the setting is process-wide).
+
+    python -m benchmarks.micro [--model-dir models/all-MiniLM-L6-v2] [--repeat 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import subprocess
+import sys
+import timeit
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import machine
+
+#: run in a fresh interpreter: prints minor faults and µs per request, defaults first, then kept
+MALLOC = """
+import resource, sys, time
+import numpy as np
+from service.process import keep_freed_memory
+
+def cycle():
+    normalized, raw = np.empty((256, 384), np.float32), np.empty((256, 384), np.float32)
+    normalized[:] = raw[:] = 1.0
+
+def measure(n=500):
+    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    for _ in range(n):
+        cycle()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n, (time.perf_counter() - start) / n * 1e6
+
+if sys.argv[1] == "kept":
+    keep_freed_memory()
+measure(20)
+print(*measure())
+"""
+
+
+def per_call_us(fn, repeat: int) -> float:
+    return min(timeit.repeat(fn, number=repeat, repeat=3)) / repeat * 1e6
+
+
+def zmq_round_trip_us(frames: int, repeat: int) -> float:
+    import zmq
+
+    context = zmq.Context()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    a.bind("inproc://micro")
+    b.connect("inproc://micro")
+    message = [b"h" * 20] + [np.arange(14, dtype=np.int32).tobytes()] * (frames - 1)
+
+    def round_trip():
+        a.send_multipart(message)
+        b.recv_multipart()
+
+    try:
+        return per_call_us(round_trip, repeat)
+    finally:
+        a.close()
+        b.close()
+        context.term()
+
+
+def watcher_us(repeat: int) -> tuple[float, float]:
+    """µs a loop turn of a request costs with and without a task waiting on receive(), cancelled at its end, on
+    the event loop uvicorn runs the service on (uvloop where installed)."""
+    from uvicorn.config import Config
+
+    async def measure() -> tuple[float, float]:
+        never = asyncio.Event()
+
+        async def receive():
+            await never.wait()
+
+        async def with_watcher():
+            for _ in range(repeat):
+                watcher = asyncio.ensure_future(receive())
+                watcher.add_done_callback(lambda w: None)
+                await asyncio.sleep(0)
+                watcher.cancel()
+
+        async def without():
+            for _ in range(repeat):
+                await asyncio.sleep(0)
+
+        times = []
+        for run in (with_watcher, without):
+            start = asyncio.get_running_loop().time()
+            await run()
+            times.append((asyncio.get_running_loop().time() - start) / repeat * 1e6)
+        return times[0], times[1]
+
+    with asyncio.Runner(loop_factory=Config(app=None, loop="auto").get_loop_factory()) as runner:
+        return runner.run(measure())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"))
+    parser.add_argument("--repeat", type=int, default=2000)
+    args = parser.parse_args(argv)
+    import pybase64
+
+    from service.tokenization import Tokenizer
+
+    print(machine.cpu_line())
+    answer = np.random.default_rng(0).standard_normal((256, 384)).astype("<f4").tobytes()
+    stdlib, simd = (per_call_us(lambda f=f: f(answer), max(1, args.repeat // 10))
+                    for f in (base64.b64encode, pybase64.b64encode))
+    print(f"base64 of 256 x 384 float32: standard library {stdlib:.0f} µs, pybase64 {simd:.0f} µs")
+    import orjson
+
+    unit = np.random.default_rng(1).standard_normal((256, 384)).astype(np.float32)
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    json_us = per_call_us(lambda: orjson.dumps(unit, option=orjson.OPT_SERIALIZE_NUMPY), max(1, args.repeat // 100))
+    print(f"orjson of 256 x 384 unit vectors (TEI's /embed answer): {json_us / 1000:.2f} ms, "
+          f"{json_us * 1000 / unit.size:.0f} ns a number")
+    tokenizer = Tokenizer(args.model_dir)
+    text = ["A man is playing a large guitar on the stage tonight."]
+    tokenise_us = per_call_us(lambda: tokenizer.encode(text), args.repeat)
+    print(f"one short text through the API process's tokeniser: {tokenise_us:.1f} µs")
+    for frames in (4, 64):
+        us = zmq_round_trip_us(frames, max(1, args.repeat // frames))
+        print(f"pyzmq inproc round trip of {frames} frames: {us:.1f} µs, {us / frames:.2f} µs a frame")
+    with_task, without = watcher_us(args.repeat)
+    print(f"a request's loop turn with a task waiting on receive(): {with_task:.1f} µs, without: {without:.1f} µs "
+          f"({with_task - without:.1f} µs a request)")
+    for mode in ("defaults", "kept"):
+        out = subprocess.run([sys.executable, "-c", MALLOC, mode], capture_output=True, text=True, check=True)
+        faults, us = map(float, out.stdout.split())
+        print(f"two 393 KB vector arrays allocated, filled and freed, malloc {mode}: {faults:.1f} minor faults, "
+              f"{us:.0f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
