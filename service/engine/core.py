@@ -5,9 +5,9 @@ by expected wait (admission.py), queue the rows, wait for the inference thread t
 answer carries the vectors and where the time went.
 
 One inference thread runs the passes (a device runs one pass at a time; onnxruntime already
-spreads a CPU pass over every core), and a second thread assembles and pads the next pass while
-the current one runs, so the device never waits for Python between passes. A pass that fails is
-retried row by row, so a bad input fails its own request and no other.
+spreads a CPU pass over every core). On CUDA a second thread selects the next pass while the current
+one runs, so the device waits for Python only to join and pad its rows. A pass that fails is retried
+row by row, so a bad input fails its own request and no other.
 """
 
 from __future__ import annotations
