@@ -8,6 +8,9 @@
 - glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
   two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
   interpreter each: the setting is process-wide).
+- one request through a real engine process (null backend) and the API process's ZmqEngineClient, one at a
+  time: what the process split adds to a sequential request's latency when the engine is idle, beside this
+  machine's floors for a wake-up (a thread round trip through two Events, a process round trip over a pipe).
 
     python -m benchmarks.micro [--model-dir models/all-MiniLM-L6-v2] [--repeat 2000]
 """
@@ -107,6 +110,91 @@ def watcher_us(repeat: int) -> tuple[float, float]:
         return runner.run(measure())
 
 
+def wake_up_floors_us(repeat: int) -> tuple[float, float]:
+    """Median µs of a round trip between two threads (Events) and between two processes (pipes, blocking reads):
+    the two kinds of wake-up a request crosses in the service."""
+    import os
+    import statistics
+    import threading
+    import time
+
+    ping, pong = threading.Event(), threading.Event()
+
+    def echo():
+        for _ in range(repeat):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    thread = threading.Thread(target=echo)
+    thread.start()
+    threads = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        ping.set()
+        pong.wait()
+        pong.clear()
+        threads.append(time.perf_counter() - start)
+    thread.join()
+    (to_child, from_parent), (to_parent, from_child) = os.pipe()[::-1], os.pipe()[::-1]
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys\nr, w = map(int, sys.argv[1:])\n"
+                              "while os.read(r, 1): os.write(w, b'x')", str(from_parent), str(to_parent)],
+                             pass_fds=(from_parent, to_parent))
+    processes = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        os.write(to_child, b"x")
+        os.read(from_child, 1)
+        processes.append(time.perf_counter() - start)
+    os.close(to_child)
+    child.wait()
+    for fd in (from_parent, to_parent, from_child):
+        os.close(fd)
+    return statistics.median(threads) * 1e6, statistics.median(processes) * 1e6
+
+
+def engine_round_trip_us(model_dir: Path, rows: tuple[int, ...], repeat: int) -> dict[int, float]:
+    """Median µs of one embed of `rows` 14-token rows through a real engine process (the null backend, as
+    the supervisor starts it) and ZmqEngineClient, one request at a time, a pause between them (idle)."""
+    import multiprocessing
+    import statistics
+    import tempfile
+    import time
+
+    from service.api.client import ZmqEngineClient
+    from service.engine.server import run
+    from service.ipc.messages import TokenBatch
+    from service.settings import Settings
+
+    async def measure(endpoint: str) -> dict[int, float]:
+        client = await ZmqEngineClient(endpoint).connect(timeout_s=120)
+        try:
+            out = {}
+            for n in rows:
+                batch = TokenBatch(np.full(14 * n, 1000, np.int32), np.arange(0, 14 * n + 1, 14, dtype=np.int64))
+                times = []
+                for _ in range(repeat):
+                    start = time.perf_counter()
+                    await client.embed(batch)
+                    times.append(time.perf_counter() - start)
+                    await asyncio.sleep(0.002)
+                out[n] = statistics.median(times) * 1e6
+            return out
+        finally:
+            await client.close()
+
+    with tempfile.TemporaryDirectory(prefix="sembed-micro-") as tmp:
+        endpoint = f"ipc://{tmp}/engine"
+        engine = multiprocessing.get_context("spawn").Process(
+            target=run, args=(Settings(backend="null"), str(model_dir), endpoint), daemon=True)
+        engine.start()
+        try:
+            return asyncio.run(measure(endpoint))
+        finally:
+            engine.terminate()
+            engine.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"))
@@ -143,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         faults, us = map(float, out.stdout.split())
         print(f"two 393 KB vector arrays allocated, filled and freed, malloc {mode}: {faults:.1f} minor faults, "
               f"{us:.0f} µs")
+    rtt = engine_round_trip_us(args.model_dir, (1, 32), max(20, args.repeat // 10))
+    thread_us, process_us = wake_up_floors_us(max(20, args.repeat // 4))
+    print("one request through an idle engine process (null backend) and ZmqEngineClient: "
+          + ", ".join(f"{n} row{'s' if n > 1 else ''} {us:.0f} µs" for n, us in rtt.items())
+          + f"; this machine's wake-ups: thread round trip {thread_us:.0f} µs, process round trip {process_us:.0f} µs")
     return 0
 
 
