@@ -20,8 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import multiprocessing
+import os
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import timeit
 from pathlib import Path
 
@@ -113,11 +119,6 @@ def watcher_us(repeat: int) -> tuple[float, float]:
 def wake_up_floors_us(repeat: int) -> tuple[float, float]:
     """Median µs of a round trip between two threads (Events) and between two processes (pipes, blocking reads):
     the two kinds of wake-up a request crosses in the service."""
-    import os
-    import statistics
-    import threading
-    import time
-
     ping, pong = threading.Event(), threading.Event()
 
     def echo():
@@ -136,7 +137,8 @@ def wake_up_floors_us(repeat: int) -> tuple[float, float]:
         pong.clear()
         threads.append(time.perf_counter() - start)
     thread.join()
-    (to_child, from_parent), (to_parent, from_child) = os.pipe()[::-1], os.pipe()[::-1]
+    from_parent, to_child = os.pipe()
+    from_child, to_parent = os.pipe()
     child = subprocess.Popen([sys.executable, "-c", "import os, sys\nr, w = map(int, sys.argv[1:])\n"
                               "while os.read(r, 1): os.write(w, b'x')", str(from_parent), str(to_parent)],
                              pass_fds=(from_parent, to_parent))
@@ -156,11 +158,6 @@ def wake_up_floors_us(repeat: int) -> tuple[float, float]:
 def engine_round_trip_us(model_dir: Path, rows: tuple[int, ...], repeat: int) -> dict[int, float]:
     """Median µs of one embed of `rows` 14-token rows through a real engine process (the null backend, as
     the supervisor starts it) and ZmqEngineClient, one request at a time, a pause between them (idle)."""
-    import multiprocessing
-    import statistics
-    import tempfile
-    import time
-
     from service.api.client import ZmqEngineClient
     from service.engine.server import run
     from service.ipc.messages import TokenBatch
