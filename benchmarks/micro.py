@@ -4,6 +4,8 @@
 - the same answer as JSON, orjson writing the floats (TEI's /embed);
 - one short text through the API process's tokeniser (service.tokenization.Tokenizer, the export's);
 - pyzmq: one round trip over inproc, per frame, for 4 and 64 frames (why a token batch is one buffer);
+- a bundle of 16 single-text answers (header + one 384-float vector each) over inproc, sent and taken apart:
+  the buffers joined in one frame (`service.ipc.messages.bundle`) against a frame each;
 - a task per request waiting on an ASGI receive(), created and cancelled (what the disconnect hook replaced);
 - glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
   two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
@@ -77,6 +79,39 @@ def zmq_round_trip_us(frames: int, repeat: int) -> float:
 
     try:
         return per_call_us(round_trip, repeat)
+    finally:
+        a.close()
+        b.close()
+        context.term()
+
+
+def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
+    """µs to bundle, send, receive and unbundle `answers` single-text answers over inproc: (joined, a frame each)."""
+    import zmq
+
+    from service.ipc import messages
+
+    vector = np.ones(384, dtype="<f4").data
+    outgoing = [({"id": i, "shape": (1, 384), "prompt_tokens": 12, "queue_s": 0.001, "inference_s": 0.002},
+                 [vector]) for i in range(answers)]
+    context = zmq.Context()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    a.bind("inproc://bundle")
+    b.connect("inproc://bundle")
+
+    def round_trip():
+        a.send_multipart(messages.bundle(outgoing), copy=False)
+        header, *frames = b.recv_multipart(copy=False)
+        messages.unbundle(messages.unpack(header.buffer), [f.buffer for f in frames])
+
+    try:
+        joined = per_call_us(round_trip, repeat)
+        threshold, messages.JOIN_BELOW = messages.JOIN_BELOW, 0  # every buffer its own frame, as before
+        try:
+            separate = per_call_us(round_trip, repeat)
+        finally:
+            messages.JOIN_BELOW = threshold
+        return joined, separate
     finally:
         a.close()
         b.close()
@@ -220,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     for frames in (4, 64):
         us = zmq_round_trip_us(frames, max(1, args.repeat // frames))
         print(f"pyzmq inproc round trip of {frames} frames: {us:.1f} µs, {us / frames:.2f} µs a frame")
+    joined, separate = bundle_round_trip_us(max(1, args.repeat // 16))
+    print(f"a bundle of 16 single-text answers over inproc, buffers joined in one frame: {joined:.0f} µs, "
+          f"a frame each: {separate:.0f} µs")
     with_task, without = watcher_us(args.repeat)
     print(f"a request's loop turn with a task waiting on receive(): {with_task:.1f} µs, without: {without:.1f} µs "
           f"({with_task - without:.1f} µs a request)")

@@ -114,11 +114,12 @@ def test_the_micro_bench_times_each_hot_path_choice(default_export, capsys):
 
     assert micro.main(["--model-dir", str(default_export), "--repeat", "40"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ") and len(lines) == 10
+    assert lines[0].startswith("CPU: ") and len(lines) == 11
     assert "pybase64" in lines[1] and "orjson" in lines[2] and "tokeniser" in lines[3] and "64 frames" in lines[5]
-    defaults, kept = (float(line.split(": ")[1].split()[0]) for line in lines[7:9])
+    assert "bundle of 16" in lines[6] and len(re.findall(r"[0-9.]+ µs", lines[6])) == 2
+    defaults, kept = (float(line.split(": ")[1].split()[0]) for line in lines[8:10])
     assert kept < defaults  # the same pattern tests/test_process.py checks closely
     # a real engine process answered both sizes; a round trip through it crosses at least one process wake-up
-    figures = [float(x) for x in re.findall(r"([0-9.]+) µs", lines[9])]
-    assert "idle engine process" in lines[9] and len(figures) == 4 and all(f > 0 for f in figures)
+    figures = [float(x) for x in re.findall(r"([0-9.]+) µs", lines[10])]
+    assert "idle engine process" in lines[10] and len(figures) == 4 and all(f > 0 for f in figures)
     assert min(figures[:2]) > figures[3]

@@ -321,15 +321,32 @@ def test_stop_finishes_what_is_queued_then_refuses():
 
 
 def test_messages_bundled_into_one_come_apart_as_they_went_in():
-    from service.ipc.messages import TokenBatch, batch_frames, batch_from_frames, bundle, pack, unbundle, unpack
+    from service.ipc.messages import (
+        JOIN_BELOW,
+        TokenBatch,
+        batch_frames,
+        batch_from_frames,
+        bundle,
+        pack,
+        unbundle,
+        unpack,
+    )
 
+    vectors = np.arange(6, dtype="<f4").reshape(2, 3)
     messages = [({"id": 1, "op": "embed", "rows": 2}, [b"payload"]), ({"id": 2, "op": "cancel"}, []),
-                ({"id": 3, "op": "embed"}, [b"a", b"b", b"c"])]
+                ({"id": 3, "op": "embed"}, [b"a", b"", b"c"]), ({"id": 4}, [vectors.reshape(-1).data])]
     frames = bundle(messages)
-    assert len(frames) == 1 + 4  # every header in the first frame, then the buffers
+    assert len(frames) == 2  # small: every header in the first frame, every buffer joined in the second
     parts = unbundle(unpack(frames[0]), frames[1:])
-    assert [(h["id"], h["op"], list(f)) for h, f in parts] == [
-        (1, "embed", [b"payload"]), (2, "cancel", []), (3, "embed", [b"a", b"b", b"c"])]
+    assert [(h["id"], [bytes(f) for f in b]) for h, b in parts] == [
+        (1, [b"payload"]), (2, []), (3, [b"a", b"", b"c"]), (4, [vectors.tobytes()])]
+    assert np.frombuffer(parts[3][1][0], dtype="<f4").tolist() == vectors.reshape(-1).tolist()
+    # large buffers travel as frames of their own, uncopied
+    big = np.ones(JOIN_BELOW // 4, dtype="<f4").data
+    frames = bundle([({"id": 1}, [b"x"]), ({"id": 2}, [big])])
+    assert len(frames) == 3 and frames[2] is big
+    parts = unbundle(unpack(frames[0]), frames[1:])
+    assert [h["id"] for h, _ in parts] == [1, 2] and parts[0][1] == [b"x"] and parts[1][1][0] is big
     single = bundle(messages[:1])  # one message travels as itself
     assert single == [pack(messages[0][0]), b"payload"] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1
     # a token batch crosses as one buffer, with and without type ids, and comes back as views of it

@@ -187,22 +187,37 @@ def unpack(frame) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)
 
 
+#: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined (pyzmq
+#: copies a frame under 64 KiB anyway, its copy threshold, and each frame costs ~4-7 µs of Python to send and
+#: again to receive: `python -m benchmarks.micro`); larger buffers go as frames of their own, uncopied
+JOIN_BELOW = 65536
+
+
 def bundle(messages: list[tuple[dict[str, Any], list]]) -> list:
     """Several messages (each a header and its buffers) as one ZeroMQ message: under load a process sends
     and receives once per turn of its loop, not once per request. The headers travel together in the
-    first frame, then every message's buffers."""
+    first frame, then every message's buffers: joined in one frame where they are small."""
     if len(messages) == 1:
         header, buffers = messages[0]
         return [pack(header), *buffers]
-    return [pack({"op": "bundle", "headers": [header for header, _ in messages],
-                  "sizes": [len(buffers) for _, buffers in messages]}),
-            *(f for _, buffers in messages for f in buffers)]
+    headers = {"op": "bundle", "headers": [header for header, _ in messages],
+               "sizes": [len(buffers) for _, buffers in messages]}
+    buffers = [b for _, message_buffers in messages for b in message_buffers]
+    lengths = [memoryview(b).nbytes for b in buffers]
+    if sum(lengths) < JOIN_BELOW:
+        return [pack({**headers, "lengths": lengths}), b"".join(buffers)]
+    return [pack(headers), *buffers]
 
 
 def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any], list]]:
     """The (header, buffers) of each message in a bundle, or of the one message that is not a bundle."""
     if header.get("op") != "bundle":
         return [(header, frames)]
+    if "lengths" in header:  # joined: views of the one frame
+        joined, frames, at = memoryview(frames[0]), [], 0
+        for n in header["lengths"]:
+            frames.append(joined[at:at + n])
+            at += n
     out, at = [], 0
     for inner, size in zip(header["headers"], header["sizes"]):
         out.append((inner, frames[at:at + size]))
