@@ -341,6 +341,8 @@ def test_messages_bundled_into_one_come_apart_as_they_went_in():
     assert [(h["id"], [bytes(f) for f in b]) for h, b in parts] == [
         (1, [b"payload"]), (2, []), (3, [b"a", b"", b"c"]), (4, [vectors.tobytes()])]
     assert np.frombuffer(parts[3][1][0], dtype="<f4").tolist() == vectors.reshape(-1).tolist()
+    cancels = bundle([({"id": 1, "op": "cancel"}, []), ({"id": 2, "op": "cancel"}, [])])
+    assert len(cancels) == 1 and [h["id"] for h, _ in unbundle(unpack(cancels[0]), cancels[1:])] == [1, 2]
     # large buffers travel as frames of their own, uncopied
     big = np.ones(JOIN_BELOW // 4, dtype="<f4").data
     frames = bundle([({"id": 1}, [b"x"]), ({"id": 2}, [big])])

@@ -204,7 +204,7 @@ def bundle(messages: list[tuple[dict[str, Any], list]]) -> list:
                "sizes": [len(buffers) for _, buffers in messages]}
     buffers = [b for _, message_buffers in messages for b in message_buffers]
     lengths = [memoryview(b).nbytes for b in buffers]
-    if sum(lengths) < JOIN_BELOW:
+    if buffers and sum(lengths) < JOIN_BELOW:
         return [pack({**headers, "lengths": lengths}), b"".join(buffers)]
     return [pack(headers), *buffers]
 
