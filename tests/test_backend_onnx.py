@@ -153,14 +153,19 @@ def test_cuda_loads_the_fp16_graph_with_a_wider_golden_tolerance(default_export,
     asked = {}
 
     class Session:
-        def __init__(self, path, options, providers):
-            asked.update(path=path, providers=providers)
+        def __init__(self, path, options, providers, enable_fallback):
+            asked.update(path=path, providers=providers, enable_fallback=enable_fallback)
+            self.providers = [p if isinstance(p, str) else p[0] for p in providers]
+
+        def get_providers(self):
+            return self.providers
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr(ort, "InferenceSession", Session)
     monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
     backend = OnnxBackend(default_export, device="cuda", variant="fp16")
     assert asked["path"].endswith("model.fp16.onnx") and asked["providers"][0][0] == "CUDAExecutionProvider"
+    assert asked["enable_fallback"] == 0  # a provider that fails to load is an error, not a quiet fallback
     assert backend.info.variant == "fp16" and backend.pad_to_multiple_of == 8
     # its golden vectors were recorded on the export's CPU: a GPU's float16 kernels round differently
     assert backend._golden_tolerance == OTHER_DEVICE_GOLDEN_TOLERANCE > GOLDEN_TOLERANCE
@@ -199,8 +204,11 @@ def test_on_cuda_a_pass_runs_with_its_row_count_padded_to_a_bucket(default_expor
             return [type("Value", (), {"numpy": lambda self, a=out: a})()] * 2
 
     class Session:
-        def __init__(self, path, options, providers):
+        def __init__(self, path, options, providers, enable_fallback):
             pass
+
+        def get_providers(self):
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
         def io_binding(self):
             return Binding()
@@ -287,3 +295,24 @@ def test_tensorrt_asked_for_and_absent_fails_loudly(default_export, monkeypatch)
     monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
     with pytest.raises(RuntimeError, match="tensorrt asked for but onnxruntime offers only"):
         OnnxBackend(default_export, device="cuda", tensorrt=True)
+
+
+def test_a_provider_onnxruntime_drops_fails_loudly(default_export, monkeypatch):
+    """onnxruntime leaves out, with a warning only, a provider its build lacks (and falls back past one that
+    fails to load): the backend checks what the session really runs on. Here the CPU build's real session
+    drops CUDA and TensorRT, which the availability check was told were there."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(ort, "preload_dlls", lambda: None, raising=False)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    cuda = r"did not load CUDAExecutionProvider \(the session runs on CPUExecutionProvider\)"
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match=cuda):
+        OnnxBackend(default_export, device="cuda")
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    both = "did not load TensorrtExecutionProvider, CUDAExecutionProvider"
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match=both):
+        OnnxBackend(default_export, device="cuda", tensorrt=True)
+    assert OnnxBackend(default_export).session.get_providers() == ["CPUExecutionProvider"]  # asked for, got

@@ -126,7 +126,15 @@ class OnnxBackend:
                         ", ".join(ops) if ops else "most of its ops")
         self.device = device
         self.row_buckets: tuple[int, ...] = CUDA_ROW_BUCKETS if row_buckets and device == "cuda" else ()
-        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        # onnxruntime quietly drops a provider its build lacks and, where one fails to load (TensorRT without
+        # its libraries, CUDA without cuDNN), retries with the next ones: a service told to use the GPU must
+        # not end up on the CPU, nor one asked for TensorRT on plain CUDA without its provider options
+        self.session = ort.InferenceSession(str(graph), options, providers=providers, enable_fallback=0)
+        running = self.session.get_providers()
+        dropped = [name for name in (p if isinstance(p, str) else str(p[0]) for p in providers) if name not in running]
+        if dropped:
+            raise RuntimeError(f"onnxruntime did not load {', '.join(dropped)} (the session runs on "
+                               f"{', '.join(running)}): check the GPU libraries (`make gpu-check`)")
         # The arena keeps the peak of the largest pass for the life of the process: after a pass larger
         # than `arena_keep_tokens` its free chunks go back. Not after every pass: re-faulting the
         # memory costs a 32×128-token pass about 10% on a 2-core CPU (measured).
