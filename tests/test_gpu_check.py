@@ -31,7 +31,7 @@ def test_on_a_cpu_machine_the_gpu_checks_skip_and_the_versions_print():
     assert f"torch {torch.__version__} (CUDA build: " in out
     assert "GPUs seen: none (" in out
     lines = out.splitlines()
-    for check in ("onnxruntime CUDA", "FAISS GPU", "torch CUDA step"):
+    for check in ("onnxruntime CUDA", "onnxruntime TensorRT", "FAISS GPU", "torch CUDA step"):
         assert f"SKIP  {check}: no GPU on this machine" in lines
     assert any(line.startswith("PASS  install: one onnxruntime (onnxruntime ") for line in lines)
     assert lines[-1] == "gpu-check: no failures" and "Traceback" not in run.stderr
@@ -55,7 +55,18 @@ def test_a_gpu_with_cpu_builds_installed_fails_each_check_with_why():
         "the CPU build is installed (make venv-gpu installs onnxruntime-gpu alone)")
     assert "has no GPU support (installed as faiss-cpu" in by_check["FAIL  FAISS GPU"]
     assert "is a CPU build" in by_check["FAIL  torch CUDA step"]
+    assert by_check["SKIP  onnxruntime TensorRT"].endswith(f"onnxruntime {ort.__version__} has no TensorRT provider")
     assert lines[-1] == "gpu-check: 3 failed (onnxruntime CUDA, FAISS GPU, torch CUDA step)"
+
+
+@pytest.mark.skipif("TensorrtExecutionProvider" in ort.get_available_providers(), reason="TensorRT's provider is here")
+def test_tensorrt_listed_but_not_loadable_is_a_skip_that_says_why(monkeypatch):
+    """onnxruntime-gpu lists TensorRT's provider without its libraries (as on the GPU machines lent so far); the
+    real session here cannot run it either, and the optional check says so without failing the report."""
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    result = gpu_check.check_onnxruntime_tensorrt(["NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB"])
+    assert result.status == gpu_check.SKIP and result.detail.startswith("optional (SEMBED_TENSORRT), not usable here: ")
 
 
 def test_two_onnxruntime_distributions_fail_the_install_check(monkeypatch):

@@ -1,5 +1,6 @@
 """`make gpu-check`: is this machine's GPU stack whole? Versions, providers and GPUs seen, then one real pass of
-each GPU path: onnxruntime's CUDA provider, a FAISS GPU search, a torch training step on cuda.
+each GPU path: onnxruntime's CUDA provider (and TensorRT's, optional), a FAISS GPU search, a torch training step
+on cuda.
 
 Each check prints PASS, FAIL or SKIP with its reason; the exit status is 1 if any failed. Without a GPU the GPU
 checks SKIP (a CPU machine is not a broken GPU one); with one, a CPU-only build where a GPU build belongs FAILs.
@@ -193,6 +194,29 @@ def check_onnxruntime_cuda(gpus: list[str], model_dir: Path | None = None) -> Re
     return Result(name, PASS, detail)
 
 
+def check_onnxruntime_tensorrt(gpus: list[str]) -> Result:
+    """TensorRT is optional (SEMBED_TENSORRT): where its provider cannot run, a SKIP that says why, never a FAIL.
+    onnxruntime-gpu lists the provider whether or not TensorRT's own libraries are installed."""
+    name = "onnxruntime TensorRT"
+    import onnxruntime as ort
+
+    if not gpus:
+        return Result(name, SKIP, "no GPU on this machine")
+    optional = "optional (SEMBED_TENSORRT), not usable here"
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        return Result(name, SKIP, f"{optional}: onnxruntime {ort.__version__} has no TensorRT provider")
+    try:
+        ran, error = run_tiny_graph("TensorrtExecutionProvider")
+    except Exception as e:
+        return Result(name, SKIP, f"{optional}: {type(e).__name__}: {e}")
+    if ran != "TensorrtExecutionProvider":
+        return Result(name, SKIP, f"{optional}: the session fell back to {ran} (TensorRT's libraries, libnvinfer, "
+                      "are not where onnxruntime looks; onnxruntime's log above says which)")
+    if not error < 1e-2:
+        return Result(name, FAIL, f"a MatMul+Add+Relu graph on TensorRT is {error:.2e} off numpy (relative)")
+    return Result(name, PASS, f"a MatMul+Add+Relu graph ran on TensorRT, max error {error:.1e} relative to numpy")
+
+
 def _export_on_cuda(model_dir: Path) -> str:
     """Every variant of an export on CUDA: golden check, and cosine to fp32 on the CPU (raises on a failure)."""
     from service.engine.backends.onnx import OnnxBackend
@@ -280,6 +304,7 @@ def run_checks(model_dir: Path | None = None, gpus: tuple[list[str], str] | None
     results = [
         _guarded("install", check_install),
         _guarded("onnxruntime CUDA", lambda: check_onnxruntime_cuda(gpu_list, model_dir)),
+        _guarded("onnxruntime TensorRT", lambda: check_onnxruntime_tensorrt(gpu_list)),
         _guarded("FAISS GPU", lambda: check_faiss_gpu(gpu_list)),
         _guarded("torch CUDA step", lambda: check_torch_cuda(gpu_list)),
     ]
