@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -64,47 +65,48 @@ def per_call_us(fn, repeat: int) -> float:
     return min(timeit.repeat(fn, number=repeat, repeat=3)) / repeat * 1e6
 
 
-def zmq_round_trip_us(frames: int, repeat: int) -> float:
+@contextlib.contextmanager
+def inproc_pair():
+    """Two connected ZeroMQ PAIR sockets over inproc, closed after."""
     import zmq
 
     context = zmq.Context()
     a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
     a.bind("inproc://micro")
     b.connect("inproc://micro")
-    message = [b"h" * 20] + [np.arange(14, dtype=np.int32).tobytes()] * (frames - 1)
-
-    def round_trip():
-        a.send_multipart(message)
-        b.recv_multipart()
-
     try:
-        return per_call_us(round_trip, repeat)
+        yield a, b
     finally:
         a.close()
         b.close()
         context.term()
 
 
+def zmq_round_trip_us(frames: int, repeat: int) -> float:
+    message = [b"h" * 20] + [np.arange(14, dtype=np.int32).tobytes()] * (frames - 1)
+    with inproc_pair() as (a, b):
+
+        def round_trip():
+            a.send_multipart(message)
+            b.recv_multipart()
+
+        return per_call_us(round_trip, repeat)
+
+
 def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
     """µs to bundle, send, receive and unbundle `answers` single-text answers over inproc: (joined, a frame each)."""
-    import zmq
-
     from service.ipc import messages
 
     vector = np.ones(384, dtype="<f4").data
     outgoing = [({"id": i, "shape": (1, 384), "prompt_tokens": 12, "queue_s": 0.001, "inference_s": 0.002},
                  [vector]) for i in range(answers)]
-    context = zmq.Context()
-    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
-    a.bind("inproc://bundle")
-    b.connect("inproc://bundle")
+    with inproc_pair() as (a, b):
 
-    def round_trip():
-        a.send_multipart(messages.bundle(outgoing), copy=False)
-        header, *frames = b.recv_multipart(copy=False)
-        messages.unbundle(messages.unpack(header.buffer), [f.buffer for f in frames])
+        def round_trip():
+            a.send_multipart(messages.bundle(outgoing), copy=False)
+            header, *frames = b.recv_multipart(copy=False)
+            messages.unbundle(messages.unpack(header.buffer), [f.buffer for f in frames])
 
-    try:
         joined = per_call_us(round_trip, repeat)
         threshold, messages.JOIN_BELOW = messages.JOIN_BELOW, 0  # every buffer its own frame, as before
         try:
@@ -112,10 +114,6 @@ def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
         finally:
             messages.JOIN_BELOW = threshold
         return joined, separate
-    finally:
-        a.close()
-        b.close()
-        context.term()
 
 
 def watcher_us(repeat: int) -> tuple[float, float]:
