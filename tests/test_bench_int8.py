@@ -24,9 +24,9 @@ def test_the_anchor_config_follows_the_cpu(flags, arch, config):
 
 
 def test_the_int8_profile_shows_where_time_goes_and_that_the_kernels_agree(default_export, tmp_path, capsys):
-    """`python -m benchmarks.int8_profile`: the export's int8 graph's kernel time by op type (its one int8 graph,
-    row-scaled: every dense MatMul a per-channel int8 GEMM, ReduceMax, no MatMulNBits), and no difference between
-    onnxruntime's default and exact int8 kernels (7-bit weights)."""
+    """`python -m benchmarks.int8_profile`: the export's int8 graph's kernel time by op type and weight shape (its
+    one int8 graph, row-scaled: every dense MatMul a per-channel int8 GEMM, ReduceMax, no MatMulNBits), and no
+    difference between onnxruntime's default and exact int8 kernels (7-bit weights)."""
     from benchmarks.int8_profile import main
 
     assert main(["--model-dir", str(default_export), "--data-dir", str(tmp_path), "--long", "64"]) == 0
@@ -34,9 +34,20 @@ def test_the_int8_profile_shows_where_time_goes_and_that_the_kernels_agree(defau
     sections = {s.split(" ", 1)[0]: s for s in out.split("\n\n") if s.startswith("int8")}
     assert set(sections) == {"int8"}
     text = sections["int8"]
-    assert re.search(r"DynamicQuantizeMatMul +18 ", text) and re.search(r"QAttention +6 ", text)
+    gemms = dict(re.findall(r"DynamicQuantizeMatMul (\d+x\d+) +(\d+) ", text))
+    assert gemms == {"384x1536": "6", "1536x384": "6", "384x384": "6"}, text  # every dense MatMul, by weight shape
+    assert re.search(r"QAttention 384x1152 +6 ", text)
     assert "MatMulNBits" not in text and "ReduceMax" in text
     assert "max |default int8 kernel - exact kernel|: golden sentences 0.0e+00, long texts 0.0e+00" in text
+
+    # several graphs take turns in one process, each profiled on its own: fp32 has float MatMuls and Attention
+    fp32, int8 = default_export / "model.onnx", default_export / "model.int8.onnx"
+    assert main(["--model-dir", str(default_export), "--data-dir", str(tmp_path), "--long", "32", "--rounds", "1",
+                 "--graph", str(fp32), "--graph", str(int8)]) == 0
+    first, second = [s for s in capsys.readouterr().out.split("\n\n") if "ms per batch" in s]
+    assert first.startswith(str(fp32)) and second.startswith(str(int8))
+    assert re.search(r"MatMul 384x1536 +6 ", first) and "DynamicQuantizeMatMul" not in first
+    assert re.search(r"DynamicQuantizeMatMul 384x1536 +6 ", second)
 
 
 def test_int8_configs_builds_the_row_scaled_settings(tiny_model_dir, tmp_path):
