@@ -10,9 +10,11 @@
 - glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
   two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
   interpreter each: the setting is process-wide).
-- one request through a real engine process (null backend) and the API process's ZmqEngineClient, one at a
+- one request through a real engine process (null backend) and the API process's SocketEngineClient, one at a
   time: what the process split adds to a sequential request's latency when the engine is idle, beside this
-  machine's floors for a wake-up (a thread round trip through two Events, a process round trip over a pipe).
+  machine's floors for a wake-up (a thread round trip through two Events, a process round trip over a pipe);
+- a small message's round trip to another process over ZeroMQ ipc and over a plain Unix socket, idle between:
+  what ZeroMQ's own I/O threads add to each of those requests.
 
     python -m benchmarks.micro [--model-dir models/all-MiniLM-L6-v2] [--repeat 2000]
 """
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import multiprocessing
 import os
 import statistics
@@ -188,16 +191,75 @@ def wake_up_floors_us(repeat: int) -> tuple[float, float]:
     return statistics.median(threads) * 1e6, statistics.median(processes) * 1e6
 
 
+#: the echo ends of `transport_round_trips_us`, each in a fresh interpreter: argv[1] is the address
+_ZMQ_ECHO = """import sys, zmq
+socket = zmq.Context().socket(zmq.ROUTER)
+socket.bind(sys.argv[1])
+while (message := socket.recv_multipart())[1] != b"q":
+    socket.send_multipart(message)
+"""
+_UNIX_ECHO = """import socket, sys
+server = socket.socket(socket.AF_UNIX)
+server.bind(sys.argv[1])
+server.listen(1)
+connection, _ = server.accept()
+while (data := connection.recv(65536)) not in (b"", b"q"):
+    connection.sendall(data)
+"""
+
+
+def transport_round_trips_us(repeat: int, idle_s: float = 0.002) -> tuple[float, float]:
+    """Median µs of a 100-byte message's round trip to an echo process, blocking on both sides, `idle_s`
+    between messages (as a client waits between requests): over ZeroMQ ipc (DEALER → ROUTER, what the API
+    processes and the engine use) and over a plain Unix stream socket. The difference is ZeroMQ's own I/O
+    threads, which each message crosses on both sides: four thread wake-ups more a round trip."""
+    import socket
+
+    import zmq
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="sembed-micro-") as tmp:
+        for script, address in ((_ZMQ_ECHO, f"ipc://{tmp}/zmq"), (_UNIX_ECHO, f"{tmp}/unix")):
+            echo = subprocess.Popen([sys.executable, "-c", script, address])
+            if script is _ZMQ_ECHO:
+                dealer = zmq.Context.instance().socket(zmq.DEALER)
+                dealer.setsockopt(zmq.LINGER, 0)
+                dealer.connect(address)
+                send, receive = dealer.send, dealer.recv
+            else:
+                client = socket.socket(socket.AF_UNIX)
+                for _ in range(500):  # until the echo process listens
+                    try:
+                        client.connect(address)
+                        break
+                    except (FileNotFoundError, ConnectionRefusedError):
+                        time.sleep(0.01)
+                send, receive = client.sendall, functools.partial(client.recv, 65536)
+            times = []
+            for i in range(repeat + 20):  # the first 20: connecting, warming up
+                start = time.perf_counter()
+                send(b"x" * 100)
+                receive()
+                if i >= 20:
+                    times.append(time.perf_counter() - start)
+                time.sleep(idle_s)
+            send(b"q")
+            echo.wait(timeout=30)
+            (dealer if script is _ZMQ_ECHO else client).close()
+            out.append(statistics.median(times) * 1e6)
+    return out[0], out[1]
+
+
 def engine_round_trip_us(model_dir: Path, rows: tuple[int, ...], repeat: int) -> dict[int, float]:
     """Median µs of one embed of `rows` 14-token rows through a real engine process (the null backend, as
-    the supervisor starts it) and ZmqEngineClient, one request at a time, a pause between them (idle)."""
-    from service.api.client import ZmqEngineClient
+    the supervisor starts it) and SocketEngineClient, one request at a time, a pause between them (idle)."""
+    from service.api.client import SocketEngineClient
     from service.engine.server import run
     from service.ipc.messages import TokenBatch
     from service.settings import Settings
 
     async def measure(endpoint: str) -> dict[int, float]:
-        client = await ZmqEngineClient(endpoint).connect(timeout_s=120)
+        client = await SocketEngineClient(endpoint).connect(timeout_s=120)
         try:
             out = {}
             for n in rows:
@@ -266,9 +328,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{us:.0f} µs")
     rtt = engine_round_trip_us(args.model_dir, (1, 32), max(20, args.repeat // 10))
     thread_us, process_us = wake_up_floors_us(max(20, args.repeat // 4))
-    print("one request through an idle engine process (null backend) and ZmqEngineClient: "
+    print("one request through an idle engine process (null backend) and SocketEngineClient: "
           + ", ".join(f"{n} row{'s' if n > 1 else ''} {us:.0f} µs" for n, us in rtt.items())
           + f"; this machine's wake-ups: thread round trip {thread_us:.0f} µs, process round trip {process_us:.0f} µs")
+    over_zmq, over_unix = transport_round_trips_us(max(20, args.repeat // 10))
+    print(f"a 100-byte round trip to another process, 2 ms idle between: ZeroMQ ipc {over_zmq:.0f} µs, "
+          f"a Unix socket {over_unix:.0f} µs")
     return 0
 
 

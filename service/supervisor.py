@@ -7,9 +7,10 @@
                                           validation, tokenisation, answers; no model
 
 The API processes share the listening socket the supervisor bound (the kernel spreads
-connections over them) and reach the engines and the index over ZeroMQ sockets in a private run
-directory. A process that dies is started again: an engine's in-flight requests get 503 within a
-second from the API processes' heartbeat, and they reconnect to its successor by themselves.
+connections over them) and reach the engines over Unix sockets and the index over ZeroMQ sockets in a
+private run directory. A process that dies is started again: an engine's in-flight requests get 503 as its
+connections close (a hung one's within a second, from the API processes' heartbeat), and they reconnect to
+its successor by themselves.
 SIGTERM or Ctrl-C: the API processes stop being ready, drain their in-flight requests and exit,
 then the engines and the index finish what they hold; the supervisor exits 0.
 """
@@ -220,26 +221,19 @@ class Supervisor:
 
     def _stage(self, request: dict, events, acks) -> dict:
         """Start an engine for the export beside the serving one; answer once it is ready (or why not)."""
-        import zmq
-
         from service.ipc.messages import pack
+        from service.ipc.stream import ask
 
         token = next(self.generations)
         model = ModelEndpoint(request["name"], request["export_dir"], f"ipc://{self.run_dir}/engine-{token}.sock")
         child = self._engine(model.name, model.export_dir, model.endpoint)
         self._start(child)
-        probe: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-        probe.setsockopt(zmq.LINGER, 0)
-        probe.connect(model.endpoint)
-        try:
-            while not probe.poll(100):
-                if not child.started.is_alive():
-                    error = Path(child.args[-1])
-                    raise RuntimeError(error.read_text() if error.exists() else f"the engine exited with "
-                                                                                  f"{child.started.exitcode}")
-                probe.send(pack({"op": "hello", "id": 0}), flags=zmq.NOBLOCK) if probe.poll(0, zmq.POLLOUT) else None
-        finally:
-            probe.close()
+        while ask(model.endpoint, [pack({"op": "hello", "id": 0})], timeout_s=0.1) is None:
+            if not child.started.is_alive():
+                error = Path(child.args[-1])
+                raise RuntimeError(error.read_text() if error.exists() else f"the engine exited with "
+                                                                              f"{child.started.exitcode}")
+            time.sleep(0.1)
         self.staged[token] = (model, child)
         return {"token": token, "endpoint": model.endpoint}
 

@@ -114,7 +114,7 @@ def test_the_micro_bench_times_each_hot_path_choice(default_export, capsys):
 
     assert micro.main(["--model-dir", str(default_export), "--repeat", "40"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("CPU: ") and len(lines) == 11
+    assert lines[0].startswith("CPU: ") and len(lines) == 12
     assert "pybase64" in lines[1] and "orjson" in lines[2] and "tokeniser" in lines[3] and "64 frames" in lines[5]
     assert "bundle of 16" in lines[6] and len(re.findall(r"[0-9.]+ µs", lines[6])) == 2
     defaults, kept = (float(line.split(": ")[1].split()[0]) for line in lines[8:10])
@@ -123,3 +123,6 @@ def test_the_micro_bench_times_each_hot_path_choice(default_export, capsys):
     figures = [float(x) for x in re.findall(r"([0-9.]+) µs", lines[10])]
     assert "idle engine process" in lines[10] and len(figures) == 4 and all(f > 0 for f in figures)
     assert min(figures[:2]) > figures[3]
+    # both transports echoed every message back (a figure each), through a real second process
+    assert "ZeroMQ ipc" in lines[11] and len(transports := re.findall(r"([0-9.]+) µs", lines[11])) == 2
+    assert all(float(us) > 0 for us in transports)

@@ -1,10 +1,11 @@
-"""How the routes reach an engine: one interface, in process (tests) or over ZeroMQ (the service).
+"""How the routes reach an engine: one interface, in process (tests) or over a Unix socket (the service).
 
 vLLM's `EngineCoreClient` pattern: the routes call `await client.embed(batch)` and never know
-where the engine runs. `ZmqEngineClient` sends token ids as raw buffers to the engine process's
-ROUTER socket and matches answers by request id; a heartbeat notices an engine that died, and
-every request it held fails with EngineUnavailable (503) within a second instead of hanging.
-When the supervisor restarts the engine on the same address, the socket reconnects by itself.
+where the engine runs. `SocketEngineClient` sends token ids as raw buffers over its connection to the engine
+process's Unix socket (framed by service/ipc/stream.py) and matches answers by request id. An engine that
+dies closes the connection: every request it held fails with EngineUnavailable (503) at once; a heartbeat
+notices one that hangs, within a second. When the supervisor restarts the engine on the same address, the
+client reconnects by itself.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import time
 from typing import Any, Protocol, cast
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from service.ipc.messages import (
     EmbedResult,
@@ -32,12 +31,15 @@ from service.ipc.messages import (
     unbundle,
     unpack,
 )
+from service.ipc.stream import Reader, encode, socket_path
 
 log = logging.getLogger("sembed.client")
 
 #: how often a client pings its engine, and how long without an answer means it is gone
 HEARTBEAT_S = 0.2
 DEAD_AFTER_S = 0.8
+#: how often a client without a connection tries again
+RECONNECT_S = 0.1
 
 
 class EngineClient(Protocol):
@@ -80,44 +82,49 @@ class InProcessEngineClient:
         await asyncio.to_thread(self.engine.stop)
 
 
-class ZmqEngineClient:
-    """A plain (blocking-API) DEALER socket driven by the event loop: sends never block (NOBLOCK), and
-    replies are read when the socket's file descriptor turns readable, each resolving its request's future
-    directly. zmq.asyncio would add a future, poller events and a flags computation to every send and
-    receive; this is the API process's hottest path."""
+class _Connection(asyncio.Protocol):
+    """The client's side of one connection: whole messages to the client, and its end."""
+
+    def __init__(self, client: SocketEngineClient):
+        self.client = client
+        self.reader = Reader()
+
+    def data_received(self, data: bytes) -> None:
+        for frames in self.reader.feed(data):
+            self.client._received(frames)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost(self)
+
+
+class SocketEngineClient:
+    """One connection to an engine process, driven by the event loop: sends go to the transport's buffer and
+    never block, and each reply resolves its request's future directly."""
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
+        self._path = socket_path(endpoint)
         # set by connect(), which every caller awaits before using the client
         self.info: ModelInfo  # from the engine's hello
-        self._socket: zmq.Socket | None = None  # None: never connected
         self._loop: asyncio.AbstractEventLoop
-        self._fd: int
-        self._drain_scheduled = False
+        self._transport: asyncio.Transport | None = None  # None: not connected (yet, or any more)
+        self._connection: _Connection | None = None
+        self._disconnected = asyncio.Event()
+        self._closed = False
         # messages of this loop turn, (header, buffers) each, sent together
         self._outbox: list[tuple[tuple[dict[str, Any], list], asyncio.Future]] = []
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
-        self._sent_to: dict[int, int | None] = {}  # request id → the engine pid it was sent to
         self._tasks: list[asyncio.Task] = []
         self._last_pong = 0.0
         self._engine_ready = False
         self.engine_pid: int | None = None
 
-    async def connect(self, timeout_s: float = 600.0) -> ZmqEngineClient:
+    async def connect(self, timeout_s: float = 600.0) -> SocketEngineClient:
         """Connect and wait for the engine's hello (it may still be loading its model)."""
-        # the asyncio context's I/O thread, shared with this process's other sockets; a plain socket on it
-        # (pyzmq's stubs tie socket_class to the context's own socket class; its docs allow this mix)
-        context = zmq.asyncio.Context.instance()
-        socket: zmq.Socket = context.socket(zmq.DEALER, socket_class=zmq.Socket)  # type: ignore[arg-type]
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for an engine that is not there: fail at once
-        socket.connect(self.endpoint)
-        self._socket = socket
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.fileno()  # getsockopt(zmq.FD), typed
-        self._loop.add_reader(self._fd, self._drain)
-        self._tasks = [asyncio.ensure_future(self._heartbeat())]
+        self._disconnected.set()
+        self._tasks = [asyncio.ensure_future(self._stay_connected()), asyncio.ensure_future(self._heartbeat())]
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -127,7 +134,7 @@ class ZmqEngineClient:
                 if time.monotonic() > deadline:
                     await self.close()
                     raise EngineUnavailable(f"no engine answered at {self.endpoint} in {timeout_s:.0f} s") from None
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(RECONNECT_S)
         self.info = ModelInfo(**header["info"])
         self.engine_pid = header["pid"]
         self._last_pong = time.monotonic()
@@ -153,19 +160,18 @@ class ZmqEngineClient:
         await self._call({"op": "health"}, timeout_s=30.0)
 
     async def close(self) -> None:
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         self._fail_pending("the engine client closed")
-        if self._socket is not None and not self._socket.closed:
-            self._loop.remove_reader(self._fd)
-            self._socket.close()
+        if self._transport is not None:
+            self._transport.close()
 
     async def _call(self, header: dict[str, Any], frames: list | None = None,
                     timeout_s: float | None = None) -> tuple[dict[str, Any], list]:
         request_id = next(self._ids)
         future = self._loop.create_future()
         self._pending[request_id] = future
-        self._sent_to[request_id] = self.engine_pid
         try:
             if not self._outbox:
                 self._loop.call_soon(self._flush)
@@ -177,77 +183,81 @@ class ZmqEngineClient:
                     reply, frames = await future
         except asyncio.CancelledError:
             if header["op"] == "embed":  # the caller left: the engine drops its rows not yet run
-                with contextlib.suppress(zmq.ZMQError):
+                with contextlib.suppress(EngineUnavailable):
                     self._send([pack({"op": "cancel", "id": request_id})])
             raise
         finally:
             self._pending.pop(request_id, None)
-            self._sent_to.pop(request_id, None)
         if "error" in reply:
             raise_error(reply)
         return reply, frames
 
     def _flush(self) -> None:
-        """This loop turn's requests, in one ZeroMQ message."""
+        """This loop turn's requests, in one message."""
         outbox, self._outbox = self._outbox, []
-        if not outbox or self._socket is None or self._socket.closed:
+        if not outbox:
             return
         try:
             self._send(bundle([message for message, _ in outbox]))
-        except zmq.Again:
+        except EngineUnavailable as e:
             for _, future in outbox:
                 if not future.done():
-                    future.set_exception(EngineUnavailable(f"the engine at {self.endpoint} is not running "
-                                                           "(restarting?)"))
+                    future.set_exception(e)
 
     def _send(self, frames: list) -> None:
-        socket = self._socket
-        if socket is None:
-            raise RuntimeError("ZmqEngineClient: send before connect()")
-        socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        # ZeroMQ's descriptor is edge-triggered and a send may consume the edge of a reply that came
-        # meanwhile: look, and read on the loop's next turn if one is there
-        if not self._drain_scheduled and cast(int, socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain)
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise EngineUnavailable(f"the engine at {self.endpoint} is not running (restarting?)")
+        transport.writelines(encode(frames))
 
-    def _drain(self) -> None:
-        """Every reply waiting, until zmq.Again (the descriptor only signals a change)."""
-        self._drain_scheduled = False
-        socket = self._socket
-        if socket is None or socket.closed:
+    def _received(self, frames: list) -> None:
+        header_frame, *buffers = frames
+        for header, message_buffers in unbundle(unpack(header_frame), buffers):
+            if header.get("op") == "pong":
+                self._pong(header)
+                continue
+            future = self._pending.get(header.get("id", 0))  # request ids start at 1
+            if future is not None and not future.done():
+                future.set_result((header, message_buffers))
+
+    def _lost(self, connection: _Connection) -> None:
+        if connection is not self._connection:
             return
-        while True:
+        self._transport = self._connection = None
+        self._engine_ready = False
+        # what the engine held is lost with it (a restarted engine never saw it): fail it now, not at a timeout
+        self._fail_pending(f"the engine at {self.endpoint} closed the connection (it is being restarted)")
+        self._disconnected.set()
+
+    async def _stay_connected(self) -> None:
+        """Connect whenever there is no connection: at start, and after the engine went away."""
+        while not self._closed:
+            await self._disconnected.wait()
             try:
-                header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            for header, buffers in unbundle(unpack(header_frame.buffer), [f.buffer for f in frames]):
-                if header.get("op") == "pong":
-                    self._pong(header)
-                    continue
-                future = self._pending.get(header.get("id", 0))  # request ids start at 1
-                if future is not None and not future.done():
-                    future.set_result((header, buffers))
+                transport, connection = await self._loop.create_unix_connection(lambda: _Connection(self),
+                                                                                self._path)
+            except OSError:  # not there yet, or being restarted
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            self._transport, self._connection = cast(asyncio.Transport, transport), connection
+            self._disconnected.clear()
 
     def _pong(self, header: dict[str, Any]) -> None:
         self._last_pong = time.monotonic()
         self._engine_ready = header["ready"]
         if header["pid"] != self.engine_pid and self.engine_pid is not None:
-            # a restarted engine never saw what was sent to the one that died: fail those now
             log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
-            self._fail_pending("the engine process was restarted", sent_to=self.engine_pid)
             self.engine_pid = header["pid"]
 
     async def _heartbeat(self) -> None:
         while True:
-            with contextlib.suppress(zmq.ZMQError):
+            with contextlib.suppress(EngineUnavailable):
                 self._send([pack({"op": "ping", "id": 0})])
             await asyncio.sleep(HEARTBEAT_S)
             if self._pending and time.monotonic() - self._last_pong > DEAD_AFTER_S:
                 self._fail_pending(f"the engine at {self.endpoint} stopped answering (it is being restarted)")
 
-    def _fail_pending(self, message: str, sent_to: int | None = None) -> None:
-        for request_id, future in list(self._pending.items()):
-            if not future.done() and (sent_to is None or self._sent_to.get(request_id) == sent_to):
+    def _fail_pending(self, message: str) -> None:
+        for future in list(self._pending.values()):
+            if not future.done():
                 future.set_exception(EngineUnavailable(message))

@@ -11,7 +11,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from service.api.client import ZmqEngineClient
+from service.api.client import SocketEngineClient
 from service.api.registry import ModelRegistry, ServedModel, retire
 from service.ipc.messages import ModelInfo, pack, unpack
 from service.metrics import ApiMetrics
@@ -23,7 +23,7 @@ from service.tokenization import Tokenizer, WordTokenizer
 class ModelEndpoint:
     name: str
     export_dir: str  # the API process reads its tokenizer from here
-    endpoint: str  # the engine process's ZeroMQ address
+    endpoint: str  # the engine process's socket, ipc://<path>
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def load_tokenizer(settings: Settings, export_dir: str | Path, max_seq_length: i
 
 
 async def connect_model(settings: Settings, model: ModelEndpoint, timeout_s: float = 600.0):
-    client = await ZmqEngineClient(model.endpoint).connect(timeout_s)
+    client = await SocketEngineClient(model.endpoint).connect(timeout_s)
     return client, load_tokenizer(settings, model.export_dir, client.info.max_seq_length)
 
 

@@ -1,14 +1,15 @@
-"""The engine process: one model on one device, served to the API processes over ZeroMQ.
+"""The engine process: one model on one device, served to the API processes over a Unix socket.
 
-A ROUTER socket takes requests from every API process's DEALER (service/api/client.py). One I/O
-thread (this process's main thread) does all the socket work with plain blocking ZeroMQ, as vLLM's
-engine core does: it sleeps until a message or a finished job wakes it, takes every message waiting
-(admitting each embed into the queue), then answers every job the inference thread finished
-meanwhile. No task, future or thread hand-off per request: the inference thread only appends a
-finished job to a deque, and writes one wake-up byte when the I/O thread is not already awake. Ops:
+Each API process holds one connection to the engine's listening socket (service/api/client.py), messages
+framed by service/ipc/stream.py. One I/O thread (this process's main thread) does all the socket work with
+non-blocking sockets and one selector, as vLLM's engine core does with its sockets: it sleeps until a message
+or a finished job wakes it, takes every message waiting (admitting each embed into the queue), then answers
+every job the inference thread finished meanwhile. No task, future or thread hand-off per request: the
+inference thread only appends a finished job to a deque, and writes one wake-up byte when the I/O thread is not
+already awake. A connection that closes (its API process died) cancels the rows it had queued. Ops:
 
     hello   → the model's info (what the API process needs to validate and answer)
-    ping    → pong: alive, ready, queue stats (the clients' heartbeat: a dead engine is noticed)
+    ping    → pong: alive, ready, queue stats (the clients' heartbeat: a hung engine is noticed)
     embed   → vectors, or an error kind the client raises as the same class
     cancel  → the caller left: its rows not yet run are dropped
     health  → a real forward pass (TEI's /health)
@@ -17,20 +18,22 @@ finished job to a deque, and writes one wake-up byte when the I/O thread is not 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
+import selectors
 import signal
+import socket
 import threading
 from dataclasses import asdict
 from pathlib import Path
-
-import zmq
 
 from service.engine.backends import create_backend
 from service.engine.backends.cpu import int8_variant
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
 from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
+from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, encode, sent, socket_path
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
 from service.process import settle_memory
@@ -42,13 +45,25 @@ log = logging.getLogger("sembed.engine")
 POLL_MS = 100
 
 
+class Peer:
+    """One API process's connection: what arrived of its next message, and what could not be written yet."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.reader = Reader()
+        self.unsent: list = []
+        self.closed = False
+
+
 class EngineServer:
     def __init__(self, engine: Engine, endpoint: str):
         self.engine = engine
         self.endpoint = endpoint
-        self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._jobs: dict[tuple[bytes, int], Job] = {}  # admitted, not yet answered or cancelled
+        self._path = socket_path(endpoint)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._selector = selectors.DefaultSelector()
+        self._peers: set[Peer] = set()
+        self._jobs: dict[tuple[Peer, int], Job] = {}  # admitted, not yet answered or cancelled
         self._health_checks = 0
         # finished jobs (and health answers) from the engine's threads; the I/O thread answers them
         self._done: collections.deque = collections.deque()
@@ -58,13 +73,16 @@ class EngineServer:
         self._awake = False  # a wake-up byte is on its way or the I/O thread is about to look: no more needed
         self._stopping = False
         # while answering a pass: (header, buffers) messages by peer
-        self._bundling: dict[bytes, list[tuple[dict, list]]] | None = None
+        self._bundling: dict[Peer, list[tuple[dict, list]]] | None = None
 
     def serve(self) -> None:
-        self._socket.bind(self.endpoint)
-        poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        poller.register(self._wake_read, zmq.POLLIN)
+        with contextlib.suppress(FileNotFoundError):  # a socket file left by an engine that died at this address
+            os.unlink(self._path)
+        self._listener.bind(self._path)
+        self._listener.listen(64)
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
         try:
             while True:
                 if self._stopping:
@@ -72,12 +90,23 @@ class EngineServer:
                     self.engine._accepting = False
                     if not self._jobs and not self._health_checks:
                         break
-                poller.poll(POLL_MS)
-                self._clear_wake()
-                self._receive_all()
+                for key, events in self._selector.select(POLL_MS / 1000):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj == self._wake_read:
+                        self._clear_wake()
+                    elif events & selectors.EVENT_WRITE:
+                        self._write(key.data, [])
+                    if isinstance(key.data, Peer) and events & selectors.EVENT_READ:
+                        self._receive(key.data)
                 self._answer_done()
         finally:
-            self._socket.close()
+            for peer in list(self._peers):
+                self._close(peer)
+            self._selector.close()
+            self._listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._path)
             os.close(self._wake_read)
             os.close(self._wake_write)
 
@@ -109,20 +138,75 @@ class EngineServer:
             pass
 
     # --- the I/O thread ---------------------------------------------------------------------------
-    def _receive_all(self) -> None:
-        socket = self._socket
+    def _accept(self) -> None:
         while True:
             try:
-                identity, header_frame, *frames = socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
                 return
-            for header, buffers in unbundle(unpack(header_frame), frames):
-                try:
-                    self._handle(identity, header, buffers)
-                except Exception:  # never let one message take the server down
-                    log.exception("a message to the engine failed")
+            sock.setblocking(False)
+            peer = Peer(sock)
+            self._peers.add(peer)
+            self._selector.register(sock, selectors.EVENT_READ, peer)
 
-    def _handle(self, peer: bytes, header: dict, frames: list[bytes]) -> None:
+    def _receive(self, peer: Peer) -> None:
+        while not peer.closed:
+            try:
+                data = peer.sock.recv(1 << 20)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:  # its API process is gone
+                self._close(peer)
+                return
+            try:
+                messages = peer.reader.feed(data)
+            except ValueError:
+                log.exception("an API process sent a corrupt stream; closing its connection")
+                self._close(peer)
+                return
+            for header_frame, *frames in messages:
+                for header, buffers in unbundle(unpack(header_frame), frames):
+                    try:
+                        self._handle(peer, header, buffers)
+                    except Exception:  # never let one message take the server down
+                        log.exception("a message to the engine failed")
+
+    def _close(self, peer: Peer) -> None:
+        """A connection gone: the rows its requests still had queued are dropped, like a caller that left."""
+        if peer.closed:
+            return
+        peer.closed = True
+        self._peers.discard(peer)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(peer.sock)
+        peer.sock.close()
+        for key in [key for key in self._jobs if key[0] is peer]:
+            self.engine.release(self._jobs.pop(key))
+
+    def _send(self, peer: Peer, frames: list) -> None:
+        self._write(peer, encode(frames))
+
+    def _write(self, peer: Peer, buffers: list) -> None:
+        """Write what the socket takes now; the rest waits for it to be writable (in order, after any earlier rest)."""
+        if peer.closed:
+            return
+        was_waiting = bool(peer.unsent)
+        unsent = peer.unsent + buffers
+        try:
+            while unsent:
+                unsent = sent(unsent, peer.sock.sendmsg(unsent[:MAX_BUFFERS_PER_SEND]))
+        except BlockingIOError:
+            pass
+        except OSError:  # the connection broke: its process is gone
+            self._close(peer)
+            return
+        peer.unsent = unsent
+        if bool(unsent) != was_waiting:
+            self._selector.modify(peer.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if unsent else 0), peer)
+
+    def _handle(self, peer: Peer, header: dict, frames: list) -> None:
         op = header["op"]
         request_id = header["id"]
         if op == "embed":
@@ -156,8 +240,8 @@ class EngineServer:
             self._answer_each()
         finally:
             bundles, self._bundling = self._bundling, None
-            for peer, messages in bundles.items():  # one ZeroMQ message per API process per pass
-                self._socket.send_multipart([peer, *bundle(messages)], copy=False)
+            for peer, messages in bundles.items():  # one message per API process per pass
+                self._send(peer, bundle(messages))
 
     def _answer_each(self) -> None:
         done = self._done
@@ -181,7 +265,7 @@ class EngineServer:
                                "queue_s": result.queue_s, "inference_s": result.inference_s},
                         vectors.astype("<f4", copy=False).reshape(-1).data)
 
-    def _health(self, peer: bytes, request_id: int) -> None:  # its own thread: a real forward pass
+    def _health(self, peer: Peer, request_id: int) -> None:  # its own thread: a real forward pass
         try:
             self.engine.backend.health()
             answer = {"id": request_id, "ok": True}
@@ -189,11 +273,11 @@ class EngineServer:
             answer = error_header(request_id, EngineError(f"health check failed: {e}"))
         self._finished((peer, answer))
 
-    def _reply(self, peer: bytes, header: dict, *frames) -> None:
+    def _reply(self, peer: Peer, header: dict, *frames) -> None:
         if self._bundling is not None:  # answering a pass: sent together at its end
             self._bundling.setdefault(peer, []).append((header, list(frames)))
             return
-        self._socket.send_multipart([peer, pack(header), *frames], copy=False)
+        self._send(peer, [pack(header), *frames])
 
 
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:

@@ -1,7 +1,7 @@
 """What crosses between the API processes and an engine process, and how it is framed.
 
 A request is a batch of already-tokenised inputs; the answer is a float32 matrix. Both travel as
-raw array buffers in ZeroMQ frames (vLLM's `serial_utils`: arrays as buffers, never pickled), with
+raw array buffers, the frames of a message (vLLM's `serial_utils`: arrays as buffers, never pickled), with
 one small msgpack header per message. No per-text Python object is ever serialised:
 
     embed   [header with {"rows": n}, offsets int64 [n+1] + ids int32 (all rows end to end) + type_ids int8
@@ -9,9 +9,8 @@ one small msgpack header per message. No per-text Python object is ever serialis
     answer  [header, vectors float32 [n, dim]]
     error   [header with {"error": kind, "message": ...}]
 
-Frames cost: pyzmq spends a few µs of Python on each one it sends or receives (`python -m
-benchmarks.micro`), so a request is one buffer, and a bundle of messages carries all their headers in its
-first frame.
+Frames cost a few µs of Python each to send and to take apart (`python -m benchmarks.micro`), so a request
+is one buffer, and a bundle of messages carries all their headers in its first frame.
 
 The engine's failure kinds are defined here, so both sides raise and catch the same classes.
 """
@@ -187,14 +186,14 @@ def unpack(frame) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)
 
 
-#: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined (pyzmq
-#: copies a frame under 64 KiB anyway, its copy threshold, and each frame costs ~4-7 µs of Python to send and
-#: again to receive: `python -m benchmarks.micro`); larger buffers go as frames of their own, uncopied
+#: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined (each
+#: frame costs a few µs of Python to send and again to receive: `python -m benchmarks.micro`, measured over ZeroMQ,
+#: which carried this path then); larger buffers go as frames of their own, uncopied
 JOIN_BELOW = 65536
 
 
 def bundle(messages: list[tuple[dict[str, Any], list]]) -> list:
-    """Several messages (each a header and its buffers) as one ZeroMQ message: under load a process sends
+    """Several messages (each a header and its buffers) as one message: under load a process sends
     and receives once per turn of its loop, not once per request. The headers travel together in the
     first frame, then every message's buffers: joined in one frame where they are small."""
     if len(messages) == 1:

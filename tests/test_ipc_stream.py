@@ -1,0 +1,212 @@
+"""The engine's connection: framing over a Unix stream socket, and an engine server with its clients on it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from service.api.client import SocketEngineClient
+from service.engine.backends.fake import FakeBackend
+from service.engine.core import Engine, EngineConfig
+from service.engine.server import EngineServer
+from service.ipc.messages import EngineUnavailable, batch_frames, pack, unpack
+from service.ipc.stream import MAX_FRAMES, Reader, ask, encode, sent, socket_path
+
+
+def wire(frames) -> bytes:
+    return b"".join(bytes(memoryview(b).cast("B")) for b in encode(frames))
+
+
+def test_messages_come_out_whole_however_the_stream_is_cut():
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    messages = [[b"header", vectors.data], [b""], [b"x" * 70_000, b"y", b""]]
+    stream = b"".join(wire(m) for m in messages)
+    expected = [[bytes(memoryview(f).cast("B")) for f in m] for m in messages]
+    for piece in (1, 3, 4, 7, 1000, len(stream)):
+        reader, out = Reader(), []
+        for at in range(0, len(stream), piece):
+            out += reader.feed(stream[at:at + piece])
+        assert [[bytes(f) for f in m] for m in out] == expected, piece
+    assert np.array_equal(np.frombuffer(out[0][1], dtype=np.float32).reshape(3, 4), vectors)
+
+
+def test_a_corrupt_stream_is_refused_not_buffered():
+    with pytest.raises(ValueError, match="corrupt"):
+        Reader().feed((MAX_FRAMES + 1).to_bytes(4, "little"))
+
+
+def test_a_partial_write_leaves_the_rest_in_order():
+    buffers = [b"abc", memoryview(np.arange(2, dtype=np.float32)), b"xy"]
+    everything = b"".join(bytes(memoryview(b).cast("B")) for b in buffers)
+    for n in range(len(everything) + 1):
+        rest = sent(buffers, n)
+        assert b"".join(bytes(memoryview(b).cast("B")) for b in rest) == everything[n:]
+
+
+def test_an_engine_endpoint_is_a_unix_socket_path():
+    assert socket_path("ipc:///run/sembed/engine-1.sock") == "/run/sembed/engine-1.sock"
+    with pytest.raises(ValueError, match="ipc://"):
+        socket_path("tcp://127.0.0.1:5555")
+
+
+class Served:
+    """An engine server on the fake backend, in a thread, as an engine process runs it."""
+
+    def __init__(self, endpoint: str, dimension: int = 8):
+        self.backend = FakeBackend(dimension=dimension, max_seq_length=64)
+        self.engine = Engine(self.backend, EngineConfig.from_settings(max_queue_wait_s=60))
+        self.engine.start()
+        self.server = EngineServer(self.engine, endpoint)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+        for _ in range(250):  # until it listens
+            if ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=1) is not None:
+                break
+            threading.Event().wait(0.02)
+
+    def stop(self) -> None:
+        self.backend.gate.set()
+        self.server.stop()
+        self.thread.join(10)
+        self.engine.stop()
+
+
+@pytest.fixture
+def endpoint(tmp_path):
+    return f"ipc://{tmp_path}/engine.sock"
+
+
+class SilentEngine:
+    """Says hello, then takes requests and never answers: an engine that is about to die."""
+
+    def __init__(self, endpoint: str, info: dict):
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(socket_path(endpoint))
+        self.listener.listen(1)
+        self.info = info
+        self.requests: list[dict] = []
+        self.connection: socket.socket | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.connection, _ = self.listener.accept()
+        reader = Reader()
+        with contextlib.suppress(OSError):
+            while data := self.connection.recv(65536):
+                for header_frame, *_ in reader.feed(data):
+                    header = unpack(header_frame)
+                    if header["op"] == "hello":
+                        self.connection.sendall(wire([pack({"op": "hello", "id": header["id"], "info": self.info,
+                                                            "pid": 1})]))
+                    elif header["op"] == "embed":
+                        self.requests.append(header)
+
+    def die(self) -> None:
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.close()
+        self.listener.close()
+
+
+def test_large_answers_cross_whole(endpoint):
+    served = Served(endpoint, dimension=384)
+
+    async def main():
+        client = await SocketEngineClient(endpoint).connect(timeout_s=10)
+        try:
+            batch = served.backend.tokenize([f"w{i} w{i + 1} w{i + 2}" for i in range(256)])
+            # 256 × 384 float32 answers, three at once: more than a Unix socket's buffer takes in one write
+            results = await asyncio.gather(*(client.embed(batch) for _ in range(3)))
+            expected, _ = served.backend.run(batch, 64)
+            for result in results:
+                assert result.vectors.shape == (256, 384)
+                assert np.allclose(result.vectors, expected, atol=1e-6)
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        served.stop()
+
+
+def test_an_engine_that_dies_fails_its_requests_at_once_and_a_new_one_is_reconnected(endpoint, tmp_path):
+    info = FakeBackend().info
+
+    async def main():
+        silent = SilentEngine(endpoint, dataclasses.asdict(info))
+        client = await SocketEngineClient(endpoint).connect(timeout_s=10)
+        try:
+            waiting = asyncio.ensure_future(client.embed(FakeBackend().tokenize(["a b"])))
+            for _ in range(100):
+                if silent.requests:
+                    break
+                await asyncio.sleep(0.02)
+            assert silent.requests and not waiting.done()
+            start = asyncio.get_running_loop().time()
+            silent.die()
+            with pytest.raises(EngineUnavailable, match="closed the connection"):
+                await asyncio.wait_for(waiting, 5)
+            assert asyncio.get_running_loop().time() - start < 0.5  # not the heartbeat's 0.8 s
+            with pytest.raises(EngineUnavailable):  # nothing there: refused at once, not queued
+                await client.embed(FakeBackend().tokenize(["a b"]))
+            os.unlink(socket_path(endpoint))
+            restarted = await asyncio.to_thread(Served, endpoint)  # a new engine at the same address
+            try:
+                for _ in range(100):
+                    with contextlib.suppress(EngineUnavailable):
+                        result = await client.embed(restarted.backend.tokenize(["a b"]))
+                        break
+                    await asyncio.sleep(0.05)
+                assert result.vectors.shape == (1, 8)
+            finally:
+                await asyncio.to_thread(restarted.stop)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_connection_that_closes_drops_its_queued_rows(endpoint):
+    served = Served(endpoint)
+    try:
+        served.backend.gate.clear()  # the first pass waits: the next request's rows stay queued
+        hello = ask(endpoint, [pack({"op": "hello", "id": 0})], timeout_s=5)
+        assert hello is not None and unpack(hello[0])["info"]["dimension"] == 8
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(socket_path(endpoint))
+            for request_id, text in ((1, "a b"), (2, "c d")):  # the second while the first's pass waits
+                frames = batch_frames(served.backend.tokenize([text]))
+                sock.sendall(wire([pack({"op": "embed", "id": request_id, "rows": 1}), *frames]))
+                assert served.backend.at_gate.wait(5)
+            for _ in range(100):
+                if served.engine.queue.queued_rows() == 1:
+                    break
+                threading.Event().wait(0.02)
+            assert served.engine.in_flight == 2 and served.engine.queue.queued_rows() == 1
+        for _ in range(100):  # closed: the engine released both requests (the running one is answered to no one)
+            if served.engine.in_flight == 0:
+                break
+            threading.Event().wait(0.02)
+        assert served.engine.in_flight == 0
+        served.backend.gate.set()
+        for _ in range(100):
+            if len(served.backend.passes) == 1:
+                break
+            threading.Event().wait(0.02)
+        threading.Event().wait(0.2)
+        assert served.backend.passes == [[4]]  # the first request's pass ([CLS] a b [SEP]); the queued row never ran
+        assert ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=5) is not None  # still serving
+    finally:
+        served.stop()
+
+
+def test_asking_where_nothing_listens_answers_none(tmp_path):
+    assert ask(f"ipc://{tmp_path}/nothing.sock", [b"x"], timeout_s=0.2) is None
