@@ -88,7 +88,7 @@ class EngineServer:
                 if self._stopping:
                     # drain: requests already admitted finish and are answered; new ones get NotReady
                     self.engine._accepting = False
-                    if not self._jobs and not self._health_checks:
+                    if not self._jobs and not self._health_checks and not any(p.unsent for p in self._peers):
                         break
                 for key, events in self._selector.select(POLL_MS / 1000):
                     if key.fileobj is self._listener:
