@@ -8,6 +8,7 @@ import dataclasses
 import os
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -210,3 +211,32 @@ def test_a_connection_that_closes_drops_its_queued_rows(endpoint):
 
 def test_asking_where_nothing_listens_answers_none(tmp_path):
     assert ask(f"ipc://{tmp_path}/nothing.sock", [b"x"], timeout_s=0.2) is None
+
+
+def test_a_wake_up_read_early_never_leaves_the_engine_asleep(endpoint, monkeypatch):
+    """The inference thread writes a wake-up byte only when the I/O thread is not already awake. A byte written
+    while the I/O thread drains the pipe is read with it, leaving the flag set and the pipe empty: from then
+    on no finished job woke the I/O thread, and every answer waited for the next message (a heartbeat, 0.2 s)
+    or the select timeout (0.1 s; here 5 s, and no heartbeat)."""
+    import service.api.client as engine_client
+    import service.engine.server as engine_server
+
+    monkeypatch.setattr(engine_server, "POLL_MS", 5000)
+    monkeypatch.setattr(engine_client, "HEARTBEAT_S", 30)  # its pings would wake the engine too
+    served = Served(endpoint)
+    try:
+        served.server._awake = True  # the state that race leaves: awake by the flag, nothing in the pipe
+
+        async def main():
+            client = await SocketEngineClient(endpoint).connect(timeout_s=10)
+            try:
+                for _ in range(3):
+                    start = time.monotonic()
+                    await client.embed(served.backend.tokenize(["a b"]))
+                    assert time.monotonic() - start < 2.5
+            finally:
+                await client.close()
+
+        asyncio.run(main())
+    finally:
+        served.stop()

@@ -93,12 +93,14 @@ class EngineServer:
                 for key, events in self._selector.select(POLL_MS / 1000):
                     if key.fileobj is self._listener:
                         self._accept()
-                    elif key.fileobj == self._wake_read:
-                        self._clear_wake()
-                    elif events & selectors.EVENT_WRITE:
-                        self._write(key.data, [])
-                    if isinstance(key.data, Peer) and events & selectors.EVENT_READ:
-                        self._receive(key.data)
+                    elif isinstance(key.data, Peer):
+                        if events & selectors.EVENT_WRITE:
+                            self._write(key.data, [])
+                        if events & selectors.EVENT_READ:
+                            self._receive(key.data)
+                # every turn, not only when the pipe is readable: a byte written while the last turn drained it
+                # was read with it, and the flag it set would keep every later job from writing one
+                self._clear_wake()
                 self._answer_done()
         finally:
             for peer in list(self._peers):
