@@ -82,15 +82,19 @@ class InProcessEngineClient:
         await asyncio.to_thread(self.engine.stop)
 
 
-class _Connection(asyncio.Protocol):
-    """The client's side of one connection: whole messages to the client, and its end."""
+class _Connection(asyncio.BufferedProtocol):
+    """The client's side of one connection: the socket reads straight into the reader's buffer; whole messages
+    go to the client, and so does the connection's end."""
 
     def __init__(self, client: SocketEngineClient):
         self.client = client
         self.reader = Reader()
 
-    def data_received(self, data: bytes) -> None:
-        for frames in self.reader.feed(data):
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        for frames in self.reader.buffer_updated(nbytes):
             self.client._received(frames)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -43,6 +43,8 @@ log = logging.getLogger("sembed.engine")
 
 #: the I/O thread's longest sleep: how often it looks at the stop flag if no wake-up came
 POLL_MS = 100
+#: room for a whole answer (256 texts × 384 floats: 393 KB) in one write, not two and a wait to be writable
+SEND_BUFFER_BYTES = 4 << 20
 
 
 class Peer:
@@ -147,6 +149,7 @@ class EngineServer:
             except BlockingIOError:
                 return
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             peer = Peer(sock)
             self._peers.add(peer)
             self._selector.register(sock, selectors.EVENT_READ, peer)
@@ -154,16 +157,16 @@ class EngineServer:
     def _receive(self, peer: Peer) -> None:
         while not peer.closed:
             try:
-                data = peer.sock.recv(1 << 20)
+                n = peer.sock.recv_into(peer.reader.get_buffer())
             except BlockingIOError:
                 return
             except OSError:
-                data = b""
-            if not data:  # its API process is gone
+                n = 0
+            if not n:  # its API process is gone
                 self._close(peer)
                 return
             try:
-                messages = peer.reader.feed(data)
+                messages = peer.reader.buffer_updated(n)
             except ValueError:
                 log.exception("an API process sent a corrupt stream; closing its connection")
                 self._close(peer)

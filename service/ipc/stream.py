@@ -51,43 +51,75 @@ def sent(buffers: list, n: int) -> list:
 
 
 class Reader:
-    """Whole messages out of a byte stream that arrives in pieces of any size."""
+    """Whole messages out of a byte stream that arrives in pieces of any size, read straight into its buffer
+    (`get_buffer`, then `buffer_updated`: asyncio's BufferedProtocol, or a socket's recv_into). A buffer that
+    ends on a message's end is handed over whole, its frames views of it, and a new one takes the next reads, so
+    a large answer is copied once, by the kernel."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
+    def __init__(self, chunk: int = 1 << 16):
+        self._chunk = chunk
+        self._buffer = bytearray(chunk)
+        self._filled = 0
+        self._next_end = 0  # where the message being read ends, once its head is in (0: not yet)
 
-    def feed(self, data) -> list[list[memoryview]]:
-        """The messages `data` completed, each a list of frames (views of one bytes object per call)."""
-        buffer = self._buffer
-        buffer += data
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next bytes go: room for the rest of the message being read, or for a chunk."""
+        need = max(self._next_end - self._filled, self._chunk)
+        if len(self._buffer) - self._filled < need:
+            grown = bytearray(self._filled + need)
+            grown[:self._filled] = memoryview(self._buffer)[:self._filled]
+            self._buffer = grown
+        return memoryview(self._buffer)[self._filled:]
+
+    def buffer_updated(self, n: int) -> list[list[memoryview]]:
+        """`n` bytes were written where `get_buffer` said: the messages they completed, each a list of frames."""
+        self._filled += n
+        buffer, filled = self._buffer, self._filled
         ends, at = [], 0
-        while len(buffer) - at >= 4:
+        self._next_end = 0
+        while filled - at >= 4:
             (count,) = _U32.unpack_from(buffer, at)
             head = 4 + 4 * count
             if count > MAX_FRAMES:
                 raise ValueError(f"a message of {count} frames: the stream is corrupt")
-            if len(buffer) - at < head:
+            if filled - at < head:
                 break
             lengths = struct.unpack_from(f"<{count}I", buffer, at + 4)
             total = head + sum(lengths)
             if total > MAX_MESSAGE_BYTES:
                 raise ValueError(f"a message of {total} bytes: the stream is corrupt")
-            if len(buffer) - at < total:
+            if filled - at < total:
+                self._next_end = total  # counted from `at`, which becomes the new buffer's start
                 break
             ends.append((at + head, lengths))
             at += total
         if not at:
             return []
-        with memoryview(buffer) as view:
-            whole = memoryview(bytes(view[:at]))  # one copy: the buffer takes the next pieces
-        del buffer[:at]
+        # the complete messages keep this buffer; what follows them (the start of the next) moves to a new one
+        rest = filled - at
+        self._buffer = bytearray(max(self._chunk, self._next_end))
+        self._buffer[:rest] = memoryview(buffer)[at:filled]
+        self._filled = rest
+        whole = memoryview(buffer)
         messages = []
         for start, lengths in ends:
             frames = []
-            for n in lengths:
-                frames.append(whole[start:start + n])
-                start += n
+            for length in lengths:
+                frames.append(whole[start:start + length])
+                start += length
             messages.append(frames)
+        return messages
+
+    def feed(self, data) -> list[list[memoryview]]:
+        """The same for bytes already read (tests, the supervisor's probe)."""
+        data = memoryview(data).cast("B")
+        messages, at = [], 0
+        while at < len(data):
+            target = self.get_buffer()
+            n = min(len(target), len(data) - at)
+            target[:n] = data[at:at + n]
+            at += n
+            messages += self.buffer_updated(n)
         return messages
 
 
