@@ -2,8 +2,8 @@
 
 ZeroMQ's ipc transport carried this path until its own I/O threads showed up in every request's latency: a
 message crosses one on each side, two more thread wake-ups each way, and on the 2-core VM an idle round trip to
-another process took 656 µs over ZeroMQ ipc against 70 µs over a plain Unix socket (`python -m benchmarks.micro`;
-RESULTS.md). So the engine and its clients write to the socket themselves, framed as
+another process took 356–656 µs over ZeroMQ ipc against 51–70 µs over a plain Unix socket (`python -m
+benchmarks.micro`; RESULTS.md). So the engine and its clients write to the socket themselves, framed as
 
     [u32 frame count n][u32 length] × n, then the n frames' bytes, end to end
 
