@@ -18,7 +18,7 @@ from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine, EngineConfig
 from service.engine.server import EngineServer
 from service.ipc.messages import EngineUnavailable, batch_frames, pack, unpack
-from service.ipc.stream import MAX_FRAMES, Reader, ask, encode, sent, socket_path
+from service.ipc.stream import MAX_FRAMES, Reader, ask, encode, socket_path, unwritten
 
 
 def wire(frames) -> bytes:
@@ -47,7 +47,7 @@ def test_a_partial_write_leaves_the_rest_in_order():
     buffers = [b"abc", memoryview(np.arange(2, dtype=np.float32)), b"xy"]
     everything = b"".join(bytes(memoryview(b).cast("B")) for b in buffers)
     for n in range(len(everything) + 1):
-        rest = sent(buffers, n)
+        rest = unwritten(buffers, n)
         assert b"".join(bytes(memoryview(b).cast("B")) for b in rest) == everything[n:]
 
 

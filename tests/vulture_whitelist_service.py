@@ -23,9 +23,6 @@ _.render
 # the supervisor's control thread calls _stage / _switch / _discard by the op a reload sends
 _._stage, _._switch, _._discard
 
-# asyncio calls a Protocol's data_received (connection_lost is known to vulture from the base class)
-_.data_received
-
 # a task kept referenced so the event loop does not drop it; FAISS and onnxruntime options set by attribute
 _._events
 _.efConstruction, _.sel, _.intra_op_num_threads

@@ -33,7 +33,7 @@ from service.engine.backends.cpu import int8_variant
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
 from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
-from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, encode, sent, socket_path
+from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, encode, socket_path, unwritten
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
 from service.process import settle_memory
@@ -201,7 +201,7 @@ class EngineServer:
         unsent = peer.unsent + buffers
         try:
             while unsent:
-                unsent = sent(unsent, peer.sock.sendmsg(unsent[:MAX_BUFFERS_PER_SEND]))
+                unsent = unwritten(unsent, peer.sock.sendmsg(unsent[:MAX_BUFFERS_PER_SEND]))
         except BlockingIOError:
             pass
         except OSError:  # the connection broke: its process is gone

@@ -40,7 +40,7 @@ def encode(frames: Sequence) -> list:
     return [struct.pack(f"<{len(lengths) + 1}I", len(lengths), *lengths), *frames]
 
 
-def sent(buffers: list, n: int) -> list:
+def unwritten(buffers: list, n: int) -> list:
     """What is left of `buffers` after a write took their first `n` bytes."""
     for i, buffer in enumerate(buffers):
         size = memoryview(buffer).nbytes
