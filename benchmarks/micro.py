@@ -4,8 +4,8 @@
 - the same answer as JSON, orjson writing the floats (TEI's /embed);
 - one short text through the API process's tokeniser (service.tokenization.Tokenizer, the export's);
 - pyzmq: one round trip over inproc, per frame, for 4 and 64 frames (why a token batch is one buffer);
-- a bundle of 16 single-text answers (header + one 384-float vector each) over inproc, sent and taken apart:
-  the buffers joined in one frame (`service.ipc.messages.bundle`) against a frame each;
+- a bundle of 16 single-text answers (header + one 384-float vector each), framed as the engine's socket carries
+  it and taken apart: the buffers joined in one frame (`service.ipc.messages.bundle`) against a frame each;
 - a task per request waiting on an ASGI receive(), created and cancelled (what the disconnect hook replaced);
 - glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
   two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
@@ -97,26 +97,27 @@ def zmq_round_trip_us(frames: int, repeat: int) -> float:
 
 
 def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
-    """µs to bundle, send, receive and unbundle `answers` single-text answers over inproc: (joined, a frame each)."""
+    """µs to bundle `answers` single-text answers, frame them for the engine's socket, take them out of the byte
+    stream and unbundle them (the socket itself left out): (joined, a frame each)."""
     from service.ipc import messages
+    from service.ipc.stream import Reader, encode
 
     vector = np.ones(384, dtype="<f4").data
     outgoing = [({"id": i, "shape": (1, 384), "prompt_tokens": 12, "queue_s": 0.001, "inference_s": 0.002},
                  [vector]) for i in range(answers)]
-    with inproc_pair() as (a, b):
+    reader = Reader()
 
-        def round_trip():
-            a.send_multipart(messages.bundle(outgoing), copy=False)
-            header, *frames = b.recv_multipart(copy=False)
-            messages.unbundle(messages.unpack(header.buffer), [f.buffer for f in frames])
+    def round_trip():
+        for header, *frames in reader.feed(b"".join(encode(messages.bundle(outgoing)))):
+            messages.unbundle(messages.unpack(header), frames)
 
-        joined = per_call_us(round_trip, repeat)
-        threshold, messages.JOIN_BELOW = messages.JOIN_BELOW, 0  # every buffer its own frame, as before
-        try:
-            separate = per_call_us(round_trip, repeat)
-        finally:
-            messages.JOIN_BELOW = threshold
-        return joined, separate
+    joined = per_call_us(round_trip, repeat)
+    threshold, messages.JOIN_BELOW = messages.JOIN_BELOW, 0  # every buffer its own frame
+    try:
+        separate = per_call_us(round_trip, repeat)
+    finally:
+        messages.JOIN_BELOW = threshold
+    return joined, separate
 
 
 def watcher_us(repeat: int) -> tuple[float, float]:
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         us = zmq_round_trip_us(frames, max(1, args.repeat // frames))
         print(f"pyzmq inproc round trip of {frames} frames: {us:.1f} µs, {us / frames:.2f} µs a frame")
     joined, separate = bundle_round_trip_us(max(1, args.repeat // 16))
-    print(f"a bundle of 16 single-text answers over inproc, buffers joined in one frame: {joined:.0f} µs, "
+    print(f"a bundle of 16 single-text answers, framed and taken apart, buffers joined in one frame: {joined:.0f} µs, "
           f"a frame each: {separate:.0f} µs")
     with_task, without = watcher_us(args.repeat)
     print(f"a request's loop turn with a task waiting on receive(): {with_task:.1f} µs, without: {without:.1f} µs "

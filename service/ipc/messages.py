@@ -9,8 +9,7 @@ one small msgpack header per message. No per-text Python object is ever serialis
     answer  [header, vectors float32 [n, dim]]
     error   [header with {"error": kind, "message": ...}]
 
-Frames cost a few µs of Python each to send and to take apart (`python -m benchmarks.micro`), so a request
-is one buffer, and a bundle of messages carries all their headers in its first frame.
+A request is one buffer, and a bundle of messages carries all their headers in its first frame.
 
 The engine's failure kinds are defined here, so both sides raise and catch the same classes.
 """
@@ -186,9 +185,9 @@ def unpack(frame) -> dict[str, Any]:
     return msgpack.unpackb(frame, raw=False)
 
 
-#: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined (each
-#: frame costs a few µs of Python to send and again to receive: `python -m benchmarks.micro`, measured over ZeroMQ,
-#: which carried this path then); larger buffers go as frames of their own, uncopied
+#: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined; larger
+#: buffers go as frames of their own, uncopied. Over pyzmq a frame cost ~4-7 µs of Python each way; over the engine's
+#: socket (service/ipc/stream.py) `python -m benchmarks.micro` measures joined and a frame each alike (RESULTS.md)
 JOIN_BELOW = 65536
 
 
