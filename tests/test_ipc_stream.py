@@ -21,6 +21,16 @@ from service.ipc.messages import EngineUnavailable, batch_frames, pack, unpack
 from service.ipc.stream import MAX_FRAMES, Reader, ask, encode, socket_path, unwritten
 
 
+def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    """Whether `condition()` became true within `timeout_s` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def wire(frames) -> bytes:
     return b"".join(bytes(memoryview(b).cast("B")) for b in encode(frames))
 
@@ -67,10 +77,7 @@ class Served:
         self.server = EngineServer(self.engine, endpoint)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
-        for _ in range(250):  # until it listens
-            if ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=1) is not None:
-                break
-            threading.Event().wait(0.02)
+        wait_until(lambda: ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=1) is not None)  # it listens
 
     def stop(self) -> None:
         self.backend.gate.set()
@@ -187,22 +194,13 @@ def test_a_connection_that_closes_drops_its_queued_rows(endpoint):
                 frames = batch_frames(served.backend.tokenize([text]))
                 sock.sendall(wire([pack({"op": "embed", "id": request_id, "rows": 1}), *frames]))
                 assert served.backend.at_gate.wait(5)
-            for _ in range(100):
-                if served.engine.queue.queued_rows() == 1:
-                    break
-                threading.Event().wait(0.02)
+            wait_until(lambda: served.engine.queue.queued_rows() == 1)
             assert served.engine.in_flight == 2 and served.engine.queue.queued_rows() == 1
-        for _ in range(100):  # closed: the engine released both requests (the running one is answered to no one)
-            if served.engine.in_flight == 0:
-                break
-            threading.Event().wait(0.02)
-        assert served.engine.in_flight == 0
+        # closed: the engine released both requests (the running one is answered to no one)
+        assert wait_until(lambda: served.engine.in_flight == 0)
         served.backend.gate.set()
-        for _ in range(100):
-            if len(served.backend.passes) == 1:
-                break
-            threading.Event().wait(0.02)
-        threading.Event().wait(0.2)
+        wait_until(lambda: len(served.backend.passes) == 1)
+        time.sleep(0.2)
         assert served.backend.passes == [[4]]  # the first request's pass ([CLS] a b [SEP]); the queued row never ran
         assert ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=5) is not None  # still serving
     finally:
