@@ -14,13 +14,14 @@ WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY service ./service
 COPY core ./core
+COPY export ./export
 COPY training ./training
 COPY evaluation ./evaluation
 # The CPU build of torch keeps this stage small; it never reaches a runtime image.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt ".[train]"
 ARG MODEL=default
 # No fp16 variant: fp16 is written only after its quality check on a GPU (the trainer target, on GPU nodes).
-RUN python -m training.export --model "${MODEL}" --out /models/default --no-fp16
+RUN python -m export --model "${MODEL}" --out /models/default --no-fp16
 
 # ---- the CPU service's packages, in a venv the runtime copies ------------------------------------------------
 FROM python:3.11.14-slim-trixie AS build-cpu
@@ -85,6 +86,7 @@ WORKDIR /src
 COPY pyproject.toml constraints.txt README.md Makefile ./
 COPY service ./service
 COPY core ./core
+COPY export ./export
 COPY training ./training
 COPY evaluation ./evaluation
 COPY deploy/train-and-reload.sh ./deploy/

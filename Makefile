@@ -54,13 +54,13 @@ gpu-check: venv
 	$(PY) -m training.gpu_check $(if $(wildcard $(MODEL_DIR)/manifest.json),--model-dir $(MODEL_DIR))
 
 $(MODEL_DIR)/manifest.json: | $(VENV)/.installed
-	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
+	$(PY) -m export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
 
 serve: venv $(MODEL_DIR)/manifest.json
 	SEMBED_MODEL_DIR=$(MODEL_DIR) SEMBED_PORT=$(PORT) $(PY) -m service
 
 export: venv
-	$(PY) -m training.export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
+	$(PY) -m export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))
 
 # STS12-16, STS-B, SICK, SNLI (SentEval's files) and the sentence corpora into DATA, each file checked against its
 # sha256 (core/datasets.py): downloaded, or offline FROM=<folder> (the layout, SentEval's, or the downloaded

@@ -1,6 +1,6 @@
 """int8 quantisation settings compared: mean (and minimum) cosine to fp32 on the benchmark's texts.
 
-Each setting quantises the export's fused fp32 graph (`training.quantize.fuse`) with `quantize_dynamic`
+Each setting quantises the export's fused fp32 graph (`export.quantize.fuse`) with `quantize_dynamic`
 and embeds 256 short (10-14 tokens) and 256 long (124-132 tokens) texts, built as `make bench` builds
 them, in length-sorted batches of 32 and of 256, each padded to its longest text. Cosines only: no
 timing (the bench measures speed). RESULTS.md has the table this printed.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.serving import make_texts
-from training.quantize import EXACT_INT8_KERNEL, ffn_outputs, fuse, row_scaled
+from export.quantize import EXACT_INT8_KERNEL, ffn_outputs, fuse, row_scaled
 
 BATCHES = (32, 256)
 
@@ -60,7 +60,7 @@ CONFIGS: dict[str, dict] = {
     "fp32: FFN outputs of layers 0, 1": {"exclude": [("ffn_out", [0, 1])]},
     "fp32: FFN outputs of layers 0, 2 (build_int8 before issue 26)": {"exclude": [("ffn_out", [0, 2])]},
     "fp32: FFN outputs of layers 0, 1, 2": {"exclude": [("ffn_out", [0, 1, 2])]},
-    # every MatMul int8, some inputs scaled per row first (training.quantize.row_scaled); 7-bit weights as shipped
+    # every MatMul int8, some inputs scaled per row first (export.quantize.row_scaled); 7-bit weights as shipped
     **{f"7-bit, rows: {what}": {"reduce_range": True, "rows": rows} for what, rows in (
         ("FFN outputs of layers 0, 2", [("ffn_out", [0, 2])]),
         ("FFN outputs of layers 0, 1, 2 (the shipped int8)", [("ffn_out", [0, 1, 2])]),
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden-size", type=int, help="the model's hidden size (default: the manifest's dimension)")
     parser.add_argument("--graph", type=Path, action="append", default=[], help="also measure this graph file")
     parser.add_argument("--exact", action="store_true", help="int8 products computed exactly on CPUs without VNNI "
-                        "too (what a VNNI CPU computes): training.quantize.EXACT_INT8_KERNEL")
+                        "too (what a VNNI CPU computes): export.quantize.EXACT_INT8_KERNEL")
     parser.add_argument("names", nargs="*", help="settings to run (default: all, or none when --graph is given)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the quantiser's pre-processing advice, once per setting

@@ -5,7 +5,7 @@ onnxruntime's profile (`SessionOptions.enable_profiling`) over length-sorted bat
 tokens, as `make bench` builds them), the first round a warm-up left out; kernel time per batch by op type (and
 weight shape, for the ops with a constant weight: that time per million weights too). Then the largest difference
 between the vectors of onnxruntime's default x86 int8 kernel and of its exact one
-(`training.quantize.EXACT_INT8_KERNEL`), on the export's golden sentences and on the long texts: 0 where no uint8 x
+(`export.quantize.EXACT_INT8_KERNEL`), on the export's golden sentences and on the long texts: 0 where no uint8 x
 int8 product saturates (VPMADDUBSW on x86 without VNNI; on a VNNI CPU both are the exact kernel).
 RESULTS.md has what this printed.
 
@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks import machine
 from benchmarks.int8_anchor import batches_of
 from benchmarks.serving import make_texts
-from training.quantize import EXACT_INT8_KERNEL
+from export.quantize import EXACT_INT8_KERNEL
 
 
 def session(graph: Path, threads: int = 0, profile_dir: Path | None = None, exact: bool = False):

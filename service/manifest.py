@@ -1,4 +1,4 @@
-"""manifest.json: what an export directory holds. Written by training.export, read by the service."""
+"""manifest.json: what an export directory holds. Written by export, read by the service."""
 
 from __future__ import annotations
 

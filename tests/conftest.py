@@ -73,7 +73,7 @@ def default_export(tmp_path_factory) -> Path:
     """The real embedded default model, exported once per test session (about 15 s)."""
     from core.default_model import default_model_dir
     from core.encoder import SentenceEncoder
-    from training.export import export_onnx
+    from export.exporter import export_onnx
 
     out = tmp_path_factory.mktemp("exports") / "all-MiniLM-L6-v2"
     export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), out)

@@ -57,8 +57,8 @@ def test_int8_configs_builds_the_row_scaled_settings(tiny_model_dir, tmp_path):
 
     from benchmarks.int8_configs import CONFIGS, build
     from core.encoder import SentenceEncoder
-    from training.export import export_onnx
-    from training.quantize import fuse
+    from export.exporter import export_onnx
+    from export.quantize import fuse
 
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
     export_onnx(encoder, tmp_path / "e", int8=False, fp16=False)

@@ -83,8 +83,8 @@ def trained(tiny_model_dir, shared_data, tmp_path_factory):
 
 
 def test_trains_with_pair_score_model_selection(trained, shared_data):
+    from core.cross_encoder import CrossEncoder
     from core.sts import stsb_dev_pair_spearman
-    from training.cross_encoder import CrossEncoder
 
     run_dir, export_dir = trained
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -102,8 +102,8 @@ def test_trains_with_pair_score_model_selection(trained, shared_data):
 def test_export_is_a_pair_scorer_with_torch_parity(trained):
     import onnx
 
+    from core.cross_encoder import CrossEncoder
     from service.engine.backends.onnx import OnnxBackend
-    from training.cross_encoder import CrossEncoder
 
     run_dir, export_dir = trained
     manifest = json.loads((export_dir / "manifest.json").read_text())
@@ -125,8 +125,8 @@ def test_export_is_a_pair_scorer_with_torch_parity(trained):
 
 
 def test_service_reranks_with_the_export_and_refuses_embeddings(trained):
+    from core.cross_encoder import CrossEncoder
     from tests.conftest import LiveServer
-    from training.cross_encoder import CrossEncoder
 
     run_dir, export_dir = trained
     logits = CrossEncoder.from_pretrained(run_dir / "best").score_pairs([QUERY] * len(TEXTS), TEXTS)

@@ -11,9 +11,9 @@ import torch
 
 from core.default_model import ChecksumError, verify_weights
 from core.encoder import SentenceEncoder
+from export.exporter import PARITY_SENTENCES, ParityError, check_parity, export_onnx
 from service.engine.backends.onnx import IntegrityError, OnnxBackend
 from service.manifest import Manifest, sha256_file
-from training.export import PARITY_SENTENCES, ParityError, check_parity, export_onnx
 
 MIXED = ["short", "a bit longer sentence here", "x " * 400, "", "Ünïcödé and emoji 🎸 survive"]
 
@@ -141,7 +141,7 @@ def test_default_weights_checksum(default_model_dir, tmp_path):
 
 
 def test_export_cli(tiny_model_dir, tmp_path, capsys):
-    from training.export import main
+    from export.__main__ import main
 
     assert main(["--model", str(tiny_model_dir), "--out", str(tmp_path / "cli"), "--pooling", "cls"]) == 0
     manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
@@ -178,7 +178,7 @@ def test_the_export_carries_one_int8_graph_for_every_cpu_with_its_measured_quali
     # exact kernel), so an export made on either kind of CPU passes its golden check on the other
     import onnxruntime as ort
 
-    from training.quantize import EXACT_INT8_KERNEL
+    from export.quantize import EXACT_INT8_KERNEL
 
     options = ort.SessionOptions()
     options.add_session_config_entry(EXACT_INT8_KERNEL, "1")
@@ -250,7 +250,7 @@ def test_the_fp16_golden_check_uses_the_vectors_recorded_for_fp16(default_export
 
 
 def test_the_quality_gate_names_the_set_below_the_bar():
-    from training.quantize import MIN_MEAN_COSINE, QualityError, check
+    from export.quantize import MIN_MEAN_COSINE, QualityError, check
 
     assert MIN_MEAN_COSINE == 0.99
     passing = {"mean_cosine_to_fp32": 0.995, "mean_cosine_to_fp32_long": 0.991, "stsb_dev_delta": -0.2}

@@ -15,10 +15,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from core.encoder import SentenceEncoder
+from export import quantize
+from export.exporter import PARITY_SENTENCES, export_onnx
 from service.engine.backends.onnx import OnnxBackend
 from service.manifest import Manifest
-from training import quantize
-from training.export import PARITY_SENTENCES, export_onnx
 
 
 def _boom(message: str):
@@ -164,7 +164,7 @@ def test_nothing_left_out_is_recorded_as_such_and_not_asked_for_is_not_left_out(
 
 
 def test_the_cli_names_what_was_left_out(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from training.export import main
+    from export.__main__ import main
 
     monkeypatch.setattr(quantize, "build_fp16", _boom("boom"))
     assert main(["--model", str(tiny_model_dir), "--out", str(tmp_path / "cli"), "--no-int8"]) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "training", "evaluation", "benchmarks", "service")
+PACKAGES = ("core", "export", "training", "evaluation", "benchmarks", "service")
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -66,6 +66,6 @@ def test_the_images_export_stage_copies_every_package_the_exporter_imports():
     import grimp
 
     graph = grimp.build_graph(*PACKAGES)
-    needed = {m.split(".")[0] for m in graph.find_upstream_modules("training.export")} | {"training"}
+    needed = {m.split(".")[0] for m in graph.find_upstream_modules("export", as_package=True)} | {"export"}
     export_stage = (REPO / "Dockerfile").read_text().split("FROM ")[1]
     assert {p for p in needed if f"COPY {p} ./{p}" not in export_stage} == set()

@@ -176,7 +176,7 @@ def service(tmp_path_factory):
     `python -m service` on it with a fresh index: `.port`."""
     tmp = tmp_path_factory.mktemp("readme")
     export = tmp / "models" / "all-MiniLM-L6-v2"  # the Makefile's MODEL_DIR: its folder name is the model's name
-    made = subprocess.run([sys.executable, "-m", "training.export", "--model", "default", "--out", str(export)],
+    made = subprocess.run([sys.executable, "-m", "export", "--model", "default", "--out", str(export)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr[-3000:]
     port = free_port()

@@ -147,7 +147,7 @@ def test_train_cli_and_config_carry_the_selection(tmp_path):
 
 
 def test_training_does_not_import_evaluation_at_import_time():
-    code = ("import sys, training.trainer, training.train, training.selection, training.export; "
+    code = ("import sys, training.trainer, training.train, training.selection, export.exporter; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluation'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -110,7 +110,7 @@ def test_a_directory_sentence_transformers_wrote_loads_with_its_modules(st_saved
 def test_the_exporter_serves_a_sentence_transformers_directory_as_it_encodes(st_saved_dir, tmp_path):
     import onnxruntime as ort
 
-    from training.export import main as export_main
+    from export.__main__ import main as export_main
 
     assert export_main(["--model", str(st_saved_dir), "--out", str(tmp_path / "export"), "--no-int8"]) == 0
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
@@ -151,7 +151,7 @@ def test_our_checkpoint_exports_to_what_sentence_transformers_loads_from_it(tiny
     gives the vectors the served ONNX export gives (heads and pooling inside the graph)."""
     import onnxruntime as ort
 
-    from training.export import main as export_main
+    from export.__main__ import main as export_main
 
     torch.manual_seed(2)
     enc = SentenceEncoder.from_pretrained(tiny_model_dir, pooling=pooling, max_seq_length=24)

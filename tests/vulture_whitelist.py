@@ -11,8 +11,8 @@ _ = object()
 _.forward
 
 # attributes of objects that other libraries read
-_.dim_value  # onnx's TensorShapeProto.Dimension (training/export.py sets the output width)
-_.graph_optimization_level  # onnxruntime.SessionOptions (training/quantize.py)
+_.dim_value  # onnx's TensorShapeProto.Dimension (export/exporter.py sets the output width)
+_.graph_optimization_level  # onnxruntime.SessionOptions (export/quantize.py)
 _.enable_profiling  # onnxruntime.SessionOptions (benchmarks/int8_profile.py)
 _.profile_file_prefix
 _.log_severity_level

@@ -22,12 +22,12 @@ import json
 import sys
 from pathlib import Path
 
+from core.cross_encoder import CrossEncoder, is_cross_encoder_dir
 from core.data import DataNotFound
 from core.default_model import model_label
 from core.encoder import SentenceEncoder
+from export.exporter import export_onnx
 from training.config import PRESETS, TrainConfig, make_config
-from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
-from training.export import export_onnx
 from training.objectives import METHODS
 from training.resume import config_from_json
 from training.selection import make_evaluator

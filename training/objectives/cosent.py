@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from core.cross_encoder import CrossEncoder
 from core.data import ScoredPair
 from core.encoder import SentenceEncoder, model_inputs
-from training.cross_encoder import CrossEncoder
 from training.distributed import gather_with_grad, is_distributed
 from training.objectives.base import Objective, ObjectiveSettings
 from training.sampling import SAMPLERS
@@ -129,7 +129,7 @@ class CoSENTCrossEncoderSettings(ObjectiveSettings):
 class CoSENTCrossEncoder(Objective):
     """Interaction-based CoSENT (§III-B-3, Eq. 11; Fig. 2c): the ranking loss over cross-encoder logits,
 
-        f(i, j) = linear([CLS] of "[CLS] s_i [SEP] s_j [SEP]")     (training/cross_encoder.py)
+        f(i, j) = linear([CLS] of "[CLS] s_i [SEP] s_j [SEP]")     (core/cross_encoder.py)
         L = log(1 + Σ_{sim(i,j) > sim(k,l)} exp(λ (f(k,l) − f(i,j))))          (Eq. 11)
 
     λ = 20 as for Eq. 10 (§IV-C gives one λ for every dataset). At inference the logit itself is the

@@ -43,5 +43,5 @@ def int8_variant(variants: Collection[str]) -> str | None:
     older export has it beside its by-blocks "int8", on every CPU, else "int8" (new exports' only one, row-scaled
     as int8-avx2 was). The row-scaled graph is the faster on CPUs with VNNI too, at the same cosine, and gives the
     same vectors on every x86 CPU; MatMulNBits' kernels in the by-blocks one differ per instruction set, so such a
-    graph exported on an AVX2 CPU failed its golden check on a VNNI one (training.quantize.INT8_GRAPHS)."""
+    graph exported on an AVX2 CPU failed its golden check on a VNNI one (export.quantize.INT8_GRAPHS)."""
     return next((v for v in ("int8-avx2", "int8") if v in variants), None)

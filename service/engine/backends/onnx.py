@@ -254,7 +254,7 @@ class OnnxBackend:
             if not np.array_equal(ranked, recorded):
                 problems.append("the similarity ordering of the golden sentences changed")
         if problems and self.variant.startswith("int8"):
-            # int8 exports before 7-bit weights saturate on x86 CPUs without VNNI (training/quantize.py)
+            # int8 exports before 7-bit weights saturate on x86 CPUs without VNNI (export/quantize.py)
             problems.append("an int8 variant exported before sembed 0.5 computes differently on CPUs with and "
                             "without AVX-512 VNNI: export the model again")
         if problems:

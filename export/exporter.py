@@ -1,17 +1,14 @@
-"""Export a SentenceEncoder to a servable directory: model.onnx + tokenizer + manifest.json.
+"""A SentenceEncoder or CrossEncoder to a servable directory: model.onnx + tokenizer + manifest.json.
 
 The graph holds the whole embedding path (transformer, pooling, head, L2 normalisation), so the
 service only tokenises and runs it. A CrossEncoder (CoSENT Eq. 11) exports instead as a graph from
 the tokenised pair to one score per pair, its manifest's kind "cross-encoder" (served at /rerank).
 Every export is checked against torch on padded batches of mixed lengths before the manifest is
 written: a directory with a manifest is a verified export.
-
-    python -m training.export --model <HF dir or name | default> --out models/<name>
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import functools
@@ -27,12 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from core.cross_encoder import CrossEncoder
 from core.data import find_source_dir, read_stsb
-from core.default_model import model_label, resolve_model
-from core.encoder import POOLINGS, SentenceEncoder
+from core.encoder import SentenceEncoder
+from export import quantize
 from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
-from training import quantize
-from training.cross_encoder import CrossEncoder, is_cross_encoder_dir
 
 log = logging.getLogger("sembed.export")
 
@@ -124,7 +120,7 @@ def export_onnx(
     """Write the export directory atomically: a failed parity check leaves nothing behind.
 
     A CrossEncoder exports as a pair scorer (manifest kind "cross-encoder"). Beside an embedding
-    model's fp32 graph, int8 and fp16 variants (training/quantize.py) with their measured quality: one
+    model's fp32 graph, int8 and fp16 variants (export/quantize.py) with their measured quality: one
     whose mean cosine to fp32 is under `min_cosine` on the short sentences or on the long passages, or,
     given a `data_dir` holding STS-B dev, that loses more than `max_stsb_drop` Spearman points, is left out;
     so is one whose building or measuring fails for any reason. The manifest's `variants` lists the graphs
@@ -295,7 +291,7 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
 def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
               int8: bool, fp16: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The int8 graph (one for every CPU: `quantize.INT8_GRAPHS`) and fp16 beside fp32, from one pass of
-    transformer fusions, each with its quality measured here against fp32 (training/quantize.py), and the
+    transformer fusions, each with its quality measured here against fp32 (export/quantize.py), and the
     variants left out with why.
 
     Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
@@ -373,46 +369,3 @@ def _stsb_dev(data_dir) -> list[tuple[str, str, float]] | None:
     except FileNotFoundError:
         return None
     return [(p.sentence1, p.sentence2, p.label) for p in read_stsb(stsb, "dev")]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default", help="HF/sentence-transformers dir or hub name; "
-                        "'default' = the embedded all-MiniLM-L6-v2 (sha256-verified)")
-    parser.add_argument("--out", required=True, type=Path, help="export directory to write")
-    parser.add_argument("--pooling", choices=POOLINGS, help="override the model's own pooling config")
-    parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
-    parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
-    parser.add_argument("--no-int8", action="store_true", help="write no int8 variant")
-    parser.add_argument("--no-fp16", action="store_true", help="write no fp16 variant")
-    parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the "
-                        "variants' STS-B dev Spearman is measured and checked")
-    args = parser.parse_args(argv)
-
-    model_dir = resolve_model(args.model)
-    if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
-        encoder = CrossEncoder.from_pretrained(model_dir)
-        encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
-    else:
-        encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length)
-        encoder.base_model = model_label(args.model)  # not a site-packages path for the default
-    manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
-                           data_dir=args.data_dir)
-    print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
-          f"normalize {encoder.normalize}, "
-          f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
-    for variant, entry in (manifest.variants or {}).items():
-        if "quality" in entry:
-            q = entry["quality"]
-            delta = "n/a (no --data-dir)" if q["stsb_dev_delta"] is None else f"{q['stsb_dev_delta']:+.2f}"
-            print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f} (short sentences), "
-                  f"{q['mean_cosine_to_fp32_long']:.4f} (long passages), STS-B dev Spearman {delta}"
-                  f" (measured on {q['measured_on']})")
-    for variant, reason in (getattr(manifest, "variants_left_out", None) or {}).items():
-        print(f"  {variant}: left out ({reason})")
-    print(f"serve it with: MODEL_DIR={args.out} make serve")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

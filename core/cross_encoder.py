@@ -4,7 +4,7 @@
 
 It gives no sentence embedding, so it is its own model beside SentenceEncoder: it saves as the
 transformer's HF directory plus `cross_encoder.json` and the head's weights in safetensors (no
-pickle), and training/export.py turns it into a graph that returns one score per pair.
+pickle), and export/exporter.py turns it into a graph that returns one score per pair.
 """
 
 from __future__ import annotations

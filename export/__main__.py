@@ -1,0 +1,55 @@
+"""python -m export --model <HF or sentence-transformers dir, hub name, or default> --out models/<name>"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from core.cross_encoder import CrossEncoder, is_cross_encoder_dir
+from core.default_model import model_label, resolve_model
+from core.encoder import POOLINGS, SentenceEncoder
+from export.exporter import export_onnx
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="default", help="HF/sentence-transformers dir or hub name; "
+                        "'default' = the embedded all-MiniLM-L6-v2 (sha256-verified)")
+    parser.add_argument("--out", required=True, type=Path, help="export directory to write")
+    parser.add_argument("--pooling", choices=POOLINGS, help="override the model's own pooling config")
+    parser.add_argument("--max-seq-length", type=int, help="override the model's own max length")
+    parser.add_argument("--name", help="name the service reports (default: the --out folder name)")
+    parser.add_argument("--no-int8", action="store_true", help="write no int8 variant")
+    parser.add_argument("--no-fp16", action="store_true", help="write no fp16 variant")
+    parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the "
+                        "variants' STS-B dev Spearman is measured and checked")
+    args = parser.parse_args(argv)
+
+    model_dir = resolve_model(args.model)
+    if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
+        encoder = CrossEncoder.from_pretrained(model_dir)
+        encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
+    else:
+        encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length)
+        encoder.base_model = model_label(args.model)  # not a site-packages path for the default
+    manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
+                           data_dir=args.data_dir)
+    print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
+          f"normalize {encoder.normalize}, "
+          f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
+    for variant, entry in (manifest.variants or {}).items():
+        if "quality" in entry:
+            q = entry["quality"]
+            delta = "n/a (no --data-dir)" if q["stsb_dev_delta"] is None else f"{q['stsb_dev_delta']:+.2f}"
+            print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f} (short sentences), "
+                  f"{q['mean_cosine_to_fp32_long']:.4f} (long passages), STS-B dev Spearman {delta}"
+                  f" (measured on {q['measured_on']})")
+    for variant, reason in (getattr(manifest, "variants_left_out", None) or {}).items():
+        print(f"  {variant}: left out ({reason})")
+    print(f"serve it with: MODEL_DIR={args.out} make serve")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
