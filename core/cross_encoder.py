@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import PreTrainedModel
 
 from core.encoder import SentenceEncoder, model_inputs
 
@@ -34,7 +35,7 @@ class CrossEncoder(nn.Module):
     says only "fully connected layer"); it is active in training mode only.
     """
 
-    def __init__(self, transformer: nn.Module, tokenizer, max_seq_length: int, dropout: float = 0.1,
+    def __init__(self, transformer: PreTrainedModel, tokenizer, max_seq_length: int, dropout: float = 0.1,
                  base_model: str = ""):
         super().__init__()
         self.transformer = transformer

@@ -7,6 +7,7 @@ served embedding depends on lives here.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import shutil
@@ -20,7 +21,11 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 
-POOLINGS = ("mean", "cls", "first_last_avg")
+from core import families
+from core.pooling import FIRST_LAST_AVG, MODES, POOLINGS, LayerWeights, modes_of, name_of, pool
+
+__all__ = ["POOLINGS", "SentenceEncoder", "pool"]
+
 # What a transformer's forward takes from a tokenizer's output (offsets, overflow and the rest stay behind).
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_MAX_SEQ_LENGTH = 256
@@ -32,7 +37,10 @@ ST_TYPES = {name: f"sentence_transformers.models.{name}"
 # Dense activations a saved directory may name: looked up here, never imported from the file's string.
 ACTIVATIONS = {"Identity": nn.Identity, "Tanh": nn.Tanh, "ReLU": nn.ReLU, "GELU": nn.GELU, "Sigmoid": nn.Sigmoid}
 log = logging.getLogger("sembed.encoder")
-_ST_POOLING = {"mean": "mean", "cls": "cls"}  # ST pooling_mode → ours; first_last_avg is a layer pooling
+# the pre-6.0 spelling of each mode: one boolean per mode
+_ST_FLAGS = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens", "mean": "pooling_mode_mean_tokens",
+             "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+             "weightedmean": "pooling_mode_weightedmean_tokens", "lasttoken": "pooling_mode_lasttoken"}
 
 
 class Dense(nn.Module):
@@ -101,28 +109,30 @@ def _load_weights(module_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _pooling_from_config(cfg: dict, where: Path) -> str:
+    """A Pooling module's config as a pooling name ("mean", "cls+mean"); what it cannot reproduce is refused."""
+    if cfg.get("include_prompt", True) is False:  # INSTRUCTOR-style: the prompt's tokens left out of the mean
+        raise ValueError(f"unsupported pooling option include_prompt=false in {where}: the graph pools every token")
     mode = cfg.get("pooling_mode")
-    if mode is None:  # the pre-6.0 spelling: one boolean per mode
-        modes = [k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
-                 for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
-        mode = modes[0] if len(modes) == 1 else tuple(modes)
-    if isinstance(mode, list):
-        mode = mode[0] if len(mode) == 1 else tuple(mode)
-    if mode == "first_last_avg":  # what this project wrote before its directories were real ST ones
-        return mode
-    if mode not in _ST_POOLING:
-        # max / mean_sqrt_len / weighted / last-token pooling: fail rather than serve a different model
-        raise ValueError(f"unsupported pooling {mode!r} in {where}: only mean and cls (and first_last_avg)")
-    return _ST_POOLING[mode]
+    if mode is None:  # the pre-6.0 spelling
+        modes = [m for m, flag in _ST_FLAGS.items() if cfg.get(flag)] or ["mean"]
+    else:
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    if modes == [FIRST_LAST_AVG]:  # what this project wrote before its directories were real ST ones
+        return FIRST_LAST_AVG
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unsupported pooling {unknown[0]!r} in {where}: known modes are {', '.join(MODES)}")
+    return name_of(modes)
 
 
 def read_st_modules(model_dir: str | Path) -> dict:
     """What a sentence-transformers directory says beyond its transformer, as SentenceEncoder fields.
 
-    {"pooling", "max_seq_length", "head", "normalize", "transformer_dir"}, each present only if the
-    directory states it. Reads modules.json when there is one (any module besides Transformer, Pooling,
-    Dense, Normalize and a first/last-layer WeightedLayerPooling is refused); a directory with only
-    1_Pooling/ and sentence_bert_config.json (an older export of ours) is read from those.
+    {"pooling", "layer_weights", "max_seq_length", "head", "normalize", "transformer_dir", "prompts",
+    "default_prompt_name"}, each present only
+    if the directory states it. Reads modules.json when there is one (any module besides Transformer,
+    WeightedLayerPooling, Pooling, Dense and Normalize is refused by name); a directory with only 1_Pooling/
+    and sentence_bert_config.json (an older export of ours) is read from those.
     """
     model_dir = Path(model_dir)
     out: dict = {}
@@ -131,7 +141,7 @@ def read_st_modules(model_dir: str | Path) -> dict:
         {"type": ST_TYPES["Transformer"], "path": ""}] + (
         [{"type": ST_TYPES["Pooling"], "path": "1_Pooling"}] if (model_dir / "1_Pooling").is_dir() else [])
     dense: list[Dense] = []
-    layer_pooling = False
+    layer_weights: LayerWeights | None = None
     for module in modules:
         kind = module["type"].rsplit(".", 1)[-1]
         path = model_dir / module.get("path", "")
@@ -147,17 +157,21 @@ def read_st_modules(model_dir: str | Path) -> dict:
             if max_len:
                 out["max_seq_length"] = max_len
         elif kind == "WeightedLayerPooling":
-            weights = _load_weights(path)["layer_weights"].tolist()
-            # (h_1 + h_L) / 2: layers from 1 on, weight on the first and the last only
-            ends_only = len(weights) >= 2 and weights[0] == weights[-1] and not any(weights[1:-1])
-            if config.get("layer_start") != 1 or not ends_only:
-                raise ValueError(f"unsupported WeightedLayerPooling in {path}: only first/last-layer average")
-            layer_pooling = True
+            transformer_config = out.get("transformer_dir", model_dir) / "config.json"
+            if not json.loads(transformer_config.read_text()).get("output_hidden_states"):
+                # sentence-transformers passes the layers on only when the model's config says so, and
+                # without them its WeightedLayerPooling passes the last layer through: so does this encoder
+                log.warning("%s: WeightedLayerPooling without output_hidden_states in %s is skipped, as "
+                            "sentence-transformers skips it", path, transformer_config)
+                continue
+            layer_weights = LayerWeights(config.get("layer_start", 4), _load_weights(path)["layer_weights"].tolist())
         elif kind == "Pooling":
             pooling = _pooling_from_config(config, path)
-            if layer_pooling and pooling != "mean":
-                raise ValueError(f"{path}: a layer average is only supported before mean pooling")
-            out["pooling"] = "first_last_avg" if layer_pooling else pooling
+            if layer_weights is not None and layer_weights.is_first_last and pooling == "mean":
+                pooling = FIRST_LAST_AVG  # SimCSE's avg_first_last, the spelling training uses
+            elif layer_weights is not None:
+                out["layer_weights"] = layer_weights
+            out["pooling"] = pooling
         elif kind == "Dense":
             act = (config.get("activation_function") or "torch.nn.modules.linear.Identity").rsplit(".", 1)[-1]
             layer = Dense(config["in_features"], config["out_features"], config.get("bias", True), act)
@@ -169,6 +183,11 @@ def read_st_modules(model_dir: str | Path) -> dict:
             raise ValueError(f"unsupported sentence-transformers module {module['type']} in {modules_file}")
     if modules_file.is_file():
         out.setdefault("normalize", False)
+    st_config = model_dir / "config_sentence_transformers.json"
+    if st_config.is_file():
+        st = json.loads(st_config.read_text())
+        out["prompts"] = {str(k): str(v) for k, v in (st.get("prompts") or {}).items()}
+        out["default_prompt_name"] = st.get("default_prompt_name")
     if dense:
         out["head"] = DenseStack(*dense)
     elif not modules_file.is_file() and (model_dir / "head.pt").is_file():
@@ -183,29 +202,6 @@ def model_inputs(features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v for k, v in features.items() if k in MODEL_INPUTS}
 
 
-def pool(
-    pooling: str,
-    token_embeddings: torch.Tensor,
-    attention_mask: torch.Tensor,
-    hidden_states: tuple[torch.Tensor, ...] | None = None,
-) -> torch.Tensor:
-    """Reduce token states [B, T, H] to one vector per sentence [B, H]; padding never counts."""
-    if pooling == "cls":
-        return token_embeddings[:, 0]
-    if pooling == "first_last_avg":
-        if hidden_states is None:
-            raise ValueError("first_last_avg pooling needs the transformer's hidden states")
-        # SimCSE's avg_first_last: hidden_states[0] is the embedding layer, [1] the first block.
-        token_embeddings = (hidden_states[1] + hidden_states[-1]) / 2.0
-    elif pooling != "mean":
-        raise ValueError(f"unknown pooling {pooling!r}; choose from {POOLINGS}")
-    # A batched matmul, not sum(1): onnxruntime's ReduceSum adds in another order when the batch has
-    # one row, so a text served alone would differ in the last bits from the same text in a batch.
-    mask = attention_mask.to(token_embeddings.dtype)
-    summed = torch.bmm(mask.unsqueeze(1), token_embeddings).squeeze(1)
-    return summed / mask.sum(1, keepdim=True).clamp(min=1e-9)
-
-
 class SentenceEncoder(nn.Module):
     """transformer → pooling → optional head. `forward` returns the *unnormalised* embedding."""
 
@@ -218,13 +214,22 @@ class SentenceEncoder(nn.Module):
         head: nn.Module | None = None,
         base_model: str = "",
         normalize: bool = True,
+        layer_weights: LayerWeights | None = None,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
     ):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}; choose from {POOLINGS}")
+        modes_of(pooling)  # a ValueError naming the known poolings
         self.transformer = transformer
         self.tokenizer = tokenizer
         self.pooling = pooling
+        self.layer_weights = layer_weights  # a WeightedLayerPooling before the pooling (other than first_last_avg)
+        # sentence-transformers' prompts: text put before the input ("query: "), by name; one may be the default
+        self.prompts = dict(prompts or {})
+        self.default_prompt_name = default_prompt_name
+        if default_prompt_name is not None and default_prompt_name not in self.prompts:
+            raise ValueError(f"default_prompt_name {default_prompt_name!r} is not one of the prompts "
+                             f"{sorted(self.prompts)}")
         self.max_seq_length = max_seq_length
         self.head = head
         self.base_model = base_model
@@ -237,19 +242,24 @@ class SentenceEncoder(nn.Module):
         pooling: str | None = None,
         max_seq_length: int | None = None,
         attn_implementation: str = "eager",
+        trust_remote_code: bool = False,
     ) -> SentenceEncoder:
         """Load a local HF / sentence-transformers directory, or a hub name when online.
 
         A sentence-transformers directory is read as sentence-transformers reads it (read_st_modules):
-        pooling, max length, Dense head, Normalize. A plain HF checkpoint falls back to mean pooling,
-        min(256, model limit) and normalised embeddings. `pooling` / `max_seq_length` override.
-        `attn_implementation`: training asks for "sdpa" (fused attention; eager where the architecture
-        lacks it); the default stays "eager", which the ONNX export traces.
+        pooling, max length, Dense head, Normalize. A plain HF checkpoint pools as its family does (mean for
+        encoders, the last token for decoders), takes min(256, model limit) tokens and normalises.
+        `pooling` / `max_seq_length` override; a `max_seq_length` past the position table is refused, naming
+        the table's limit. `attn_implementation`: training asks for "sdpa" (fused attention; eager where the
+        architecture lacks it); the default stays "eager", which the ONNX export traces.
+        `trust_remote_code`: run the model's own code from its directory (only when the user says so).
         """
         st = read_st_modules(name_or_path) if Path(name_or_path).is_dir() else {}
         model_path = st.get("transformer_dir", name_or_path)
-        config = AutoConfig.from_pretrained(model_path)
-        extra = {"add_pooling_layer": False} if config.model_type in ("bert", "roberta") else {}
+        remote = {"trust_remote_code": True} if trust_remote_code else {}
+        config = AutoConfig.from_pretrained(model_path, **remote)
+        family = families.family_of(config)
+        extra = {**family.load_kwargs(config), **remote}
         try:
             transformer = AutoModel.from_pretrained(
                 model_path, config=config, attn_implementation=attn_implementation, **extra
@@ -258,11 +268,16 @@ class SentenceEncoder(nn.Module):
             if attn_implementation != "sdpa":
                 raise
             transformer = AutoModel.from_pretrained(model_path, config=config, attn_implementation="eager", **extra)
-        tokenizer = AutoTokenizer.from_pretrained(model_path, use_fast=True)
-        limit = getattr(config, "max_position_embeddings", 512)
-        if config.model_type == "roberta":
-            limit -= 2  # RoBERTa's position ids start after the padding index
-        max_len = max_seq_length or st.get("max_seq_length") or min(DEFAULT_MAX_SEQ_LENGTH, limit)
+        family.prepare(transformer)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, use_fast=True, **remote)
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            # a decoder's tokenizer may have none: any id does where the attention mask hides it
+            tokenizer.pad_token = tokenizer.eos_token
+        limit = family.position_limit(config)
+        if max_seq_length and limit and max_seq_length > limit:
+            raise ValueError(f"max_seq_length {max_seq_length} is past {config.model_type}'s position table: it takes "
+                             f"at most {limit} tokens")
+        max_len = max_seq_length or st.get("max_seq_length") or min(DEFAULT_MAX_SEQ_LENGTH, limit or 1 << 30)
         if pooling and st.get("pooling") and pooling != st["pooling"]:
             # a trained model's vectors come from its own pooling: all-MiniLM-L6-v2 with cls pooling retrieves far
             # worse (RESULTS.md, issue 23)
@@ -271,11 +286,14 @@ class SentenceEncoder(nn.Module):
         return cls(
             transformer,
             tokenizer,
-            pooling=pooling or st.get("pooling") or "mean",
-            max_seq_length=min(max_len, limit),
+            pooling=pooling or st.get("pooling") or family.default_pooling,
+            max_seq_length=min(max_len, limit or max_len),
             head=st.get("head"),
             base_model=str(name_or_path),
             normalize=st.get("normalize", True),
+            layer_weights=None if pooling else st.get("layer_weights"),
+            prompts=st.get("prompts"),
+            default_prompt_name=st.get("default_prompt_name"),
         )
 
     @property
@@ -292,7 +310,9 @@ class SentenceEncoder(nn.Module):
 
     @property
     def uses_token_type_ids(self) -> bool:
-        return "token_type_ids" in self.tokenizer.model_input_names
+        """The tokenizer gives them and the model takes them (a decoder's tokenizer may name them, unused)."""
+        return ("token_type_ids" in self.tokenizer.model_input_names
+                and "token_type_ids" in inspect.signature(self.transformer.forward).parameters)
 
     def tokenize(self, texts: list[str], pairs: list[str] | None = None, max_length: int | None = None):
         """Pad to the longest in the batch and truncate to the model's limit (pairs: longest first)."""
@@ -305,6 +325,10 @@ class SentenceEncoder(nn.Module):
             return_tensors="pt",
         )
 
+    @property
+    def needs_hidden_states(self) -> bool:
+        return self.pooling == FIRST_LAST_AVG or self.layer_weights is not None
+
     def transformer_outputs(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
@@ -312,10 +336,9 @@ class SentenceEncoder(nn.Module):
         return self.transformer(**kwargs, output_hidden_states=output_hidden_states, return_dict=True)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
-        out = self.transformer_outputs(
-            input_ids, attention_mask, token_type_ids, output_hidden_states=self.pooling == "first_last_avg"
-        )
-        pooled = pool(self.pooling, out.last_hidden_state, attention_mask, out.hidden_states)
+        out = self.transformer_outputs(input_ids, attention_mask, token_type_ids,
+                                       output_hidden_states=self.needs_hidden_states)
+        pooled = pool(self.pooling, out.last_hidden_state, attention_mask, out.hidden_states, self.layer_weights)
         return self.head(pooled) if self.head is not None else pooled
 
     @torch.no_grad()
@@ -343,8 +366,8 @@ class SentenceEncoder(nn.Module):
         """A sentence-transformers directory: `SentenceTransformer(out_dir)` embeds as this encoder does.
 
         The HF model and tokenizer at the root (safetensors), then 1_Pooling, a head as Dense modules,
-        2_Normalize when this encoder normalises; first_last_avg is ST's WeightedLayerPooling over
-        layers 1..L with weight on the first and last only, before mean pooling. No pickles.
+        2_Normalize when this encoder normalises; a layer pooling (first_last_avg: layers 1..L with weight on
+        the first and last only) is ST's WeightedLayerPooling before Pooling. Prompts are kept. No pickles.
         """
         from safetensors.torch import save_file
 
@@ -352,9 +375,10 @@ class SentenceEncoder(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         dense = head_as_dense(self.head) if self.head is not None else []
         config = self.transformer.config
-        layer_avg = self.pooling == "first_last_avg"
+        layer_weights = (LayerWeights.first_last(config.num_hidden_layers) if self.pooling == FIRST_LAST_AVG
+                         else self.layer_weights)
         saved_flag = config.output_hidden_states
-        config.output_hidden_states = layer_avg  # ST's Transformer passes every layer on only when told
+        config.output_hidden_states = layer_weights is not None  # ST's Transformer passes every layer on only when told
         try:
             self.transformer.save_pretrained(out_dir)
         finally:
@@ -364,21 +388,19 @@ class SentenceEncoder(nn.Module):
                                                             "do_lower_case": False})
         _write_json(out_dir / "config_sentence_transformers.json", {
             "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
-            "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+            "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
+            "similarity_fn_name": "cosine"})
         # (module type, folder, (config, weights) or None)
         modules: list[tuple[str, str, tuple[dict[str, Any], dict[str, torch.Tensor] | None] | None]] = [
             ("Transformer", "", None)]
         hidden = config.hidden_size
-        if layer_avg:
-            layers = config.num_hidden_layers
-            layer_weights = torch.zeros(layers)
-            layer_weights[0] = layer_weights[-1] = 1.0
+        if layer_weights is not None:
             modules.append(("WeightedLayerPooling", "WeightedLayerPooling", (
-                {"word_embedding_dimension": hidden, "layer_start": 1, "num_hidden_layers": layers},
-                {"layer_weights": layer_weights})))
-        flags = {"pooling_mode_cls_token": self.pooling == "cls",
-                 "pooling_mode_mean_tokens": self.pooling in ("mean", "first_last_avg"),
-                 "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+                {"word_embedding_dimension": hidden, "layer_start": layer_weights.start,
+                 "num_hidden_layers": config.num_hidden_layers},
+                {"layer_weights": layer_weights.weights})))
+        # the pre-6.0 spelling, which every sentence-transformers version since 2.0 reads
+        flags = {flag: mode in modes_of(self.pooling) for mode, flag in _ST_FLAGS.items()}
         modules.append(("Pooling", "Pooling", ({"word_embedding_dimension": hidden, **flags}, None)))
         for layer in dense:
             activation = type(layer.activation)

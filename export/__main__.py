@@ -9,7 +9,7 @@ from pathlib import Path
 from core.cross_encoder import CrossEncoder, is_cross_encoder_dir
 from core.default_model import model_label, resolve_model
 from core.encoder import POOLINGS, SentenceEncoder
-from export.exporter import export_onnx
+from export.exporter import export_onnx, refuse_other_kinds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,15 +24,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fp16", action="store_true", help="write no fp16 variant")
     parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the "
                         "variants' STS-B dev Spearman is measured and checked")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run the model's own modelling code "
+                        "from its directory or the hub (NomicBERT, JinaBERT, GTE): only for a model you trust; the "
+                        "parity check still guards the graph")
     args = parser.parse_args(argv)
 
     model_dir = resolve_model(args.model)
-    if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
-        encoder = CrossEncoder.from_pretrained(model_dir)
-        encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
-    else:
-        encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length)
-        encoder.base_model = model_label(args.model)  # not a site-packages path for the default
+    try:
+        if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
+            encoder = CrossEncoder.from_pretrained(model_dir)
+            encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
+        else:
+            refuse_other_kinds(model_dir)
+            encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length,
+                                                      trust_remote_code=args.trust_remote_code)
+            encoder.base_model = model_label(args.model)  # not a site-packages path for the default
+    except ValueError as e:  # a model or option the export cannot reproduce: nothing is written
+        print(f"export refused: {e}", file=sys.stderr)
+        return 2
     manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
                            data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
 import logging
 import shutil
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from core import families
 from core.cross_encoder import CrossEncoder
 from core.data import find_source_dir, read_stsb
 from core.encoder import SentenceEncoder
@@ -60,6 +62,21 @@ class ParityError(RuntimeError):
     pass
 
 
+def refuse_other_kinds(model_dir: str | Path) -> None:
+    """A ValueError for a directory that is not an embedding model: a sequence classifier or reranker (an HF
+    *ForSequenceClassification, a sentence-transformers CrossEncoder) would otherwise load as its bare
+    encoder and export, mean-pooled, as an embedding model it is not."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    heads = [a for a in config.get("architectures") or [] if a.endswith("ForSequenceClassification")]
+    if heads or "sentence_transformers" in config and "activation_fn" in config["sentence_transformers"]:
+        raise ValueError(f"{model_dir} is a {heads[0] if heads else 'CrossEncoder'} (a reranker or classifier "
+                         "with a score head), not an embedding model: exporting it as one would serve its bare "
+                         "encoder's mean-pooled states; this export does not serve sequence classifiers yet")
+
+
 class _ExportGraph(nn.Module):
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
@@ -75,8 +92,16 @@ def _input_names(encoder: SentenceEncoder | CrossEncoder) -> list[str]:
     return names + ["token_type_ids"] if encoder.uses_token_type_ids else names
 
 
-def _feeds(encoder: SentenceEncoder, texts: list[str]) -> dict[str, torch.Tensor]:
-    batch = encoder.tokenize(texts)
+def _feeds(encoder: SentenceEncoder, texts: list[str], padding_side: str | None = None) -> dict[str, torch.Tensor]:
+    """The texts tokenised as one padded batch: on the tokenizer's own side (sentence-transformers' way), or
+    on `padding_side` ("right": the service's way; a decoder's tokenizer pads on the left)."""
+    tokenizer = encoder.tokenizer
+    own = tokenizer.padding_side
+    tokenizer.padding_side = padding_side or own
+    try:
+        batch = encoder.tokenize(texts)
+    finally:
+        tokenizer.padding_side = own
     return {name: batch[name] for name in _input_names(encoder)}
 
 
@@ -92,14 +117,14 @@ def _fix_output_dims(graph_path: Path, dim: int) -> None:
 
 
 def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = PARITY_SENTENCES) -> float:
-    """Max |onnx − torch| over both outputs on one padded batch of mixed lengths."""
+    """Max |onnx − torch| over both outputs on one padded batch of mixed lengths: torch on the batch padded
+    as the model's tokenizer pads it, the graph on the batch padded on the right, as the service feeds it."""
     import onnxruntime as ort
 
-    feeds = _feeds(encoder, texts)
     with torch.no_grad():
-        expected = [t.numpy() for t in _ExportGraph(encoder).eval()(**feeds)]
+        expected = [t.numpy() for t in _ExportGraph(encoder).eval()(**_feeds(encoder, texts))]
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    got = session.run(OUTPUTS, {k: v.numpy().astype(np.int64) for k, v in feeds.items()})
+    got = session.run(OUTPUTS, {k: v.numpy().astype(np.int64) for k, v in _feeds(encoder, texts, "right").items()})
     return float(max(np.abs(g - e).max() for g, e in zip(got, expected)))
 
 
@@ -162,6 +187,9 @@ def export_onnx(
             training=training,
             # what SentenceTransformer.encode returns by default for the source directory (the graph has both)
             normalize=encoder.normalize,
+            prompts=encoder.prompts,
+            default_prompt_name=encoder.default_prompt_name,
+            family=families.family_of(encoder.transformer.config).name,
         )
         manifest.save(staging)
         manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}

@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST_FILE = "manifest.json"
 GRAPH_FILE = "model.onnx"
-#: 2: `variants` (each graph with its sha256 and measured quality) and `golden`; a version-1 manifest
-#: (neither) still loads, a newer one than this code knows is refused
-FORMAT_VERSION = 2
+#: 2: `variants` (each graph with its sha256 and measured quality) and `golden`; 3: `prompts` and
+#: `default_prompt_name`, which the service applies (a service that ignored them would serve other vectors
+#: than the model's authors intended, so an older one refuses it). Older manifests still load.
+FORMAT_VERSION = 3
 #: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
 EMBEDDING, CROSS_ENCODER = "embedding", "cross-encoder"
 SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]
@@ -45,6 +46,10 @@ class Manifest(BaseModel):
     golden: dict[str, Any] | None = Field(None, description="fixed sentences and their embeddings at export, "
                                           "checked again before the service reports ready")
     training: dict[str, Any] | None = None
+    prompts: dict[str, str] = Field(default_factory=dict, description="sentence-transformers' prompts by name "
+                                    "(e.g. query: 'query: '): text the service puts before an input")
+    default_prompt_name: str | None = Field(None, description="the prompt applied where a request names none")
+    family: str | None = Field(None, description="the model family the export was built as (core/families)")
 
     @classmethod
     def load(cls, export_dir: str | Path) -> Manifest:

@@ -55,15 +55,15 @@ def test_manifest_describes_the_export(default_export):
     assert manifest.parity_max_abs_diff <= 1e-4
     assert manifest.created_at and manifest.opset == 17
     assert (default_export / "tokenizer.json").is_file()
-    assert manifest.format_version == 2 and set(manifest.variants) >= {"fp32", "int8"}
+    assert manifest.format_version == 3 and set(manifest.variants) >= {"fp32", "int8"}
 
 
 def test_a_manifest_newer_than_the_service_is_refused_and_version_1_still_loads(default_export, tmp_path):
     import json
 
     record = json.loads((default_export / "manifest.json").read_text())
-    (tmp_path / "manifest.json").write_text(json.dumps({**record, "format_version": 3}))
-    with pytest.raises(ValueError, match="manifest format 3; this service reads up to 2"):
+    (tmp_path / "manifest.json").write_text(json.dumps({**record, "format_version": 4}))
+    with pytest.raises(ValueError, match="manifest format 4; this service reads up to 3"):
         Manifest.load(tmp_path)
     old = {k: v for k, v in record.items() if k not in ("variants", "golden")}
     (tmp_path / "manifest.json").write_text(json.dumps({**old, "format_version": 1}))

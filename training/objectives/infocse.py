@@ -248,7 +248,8 @@ class InfoCSE(Objective):
 
     def sentence_vector(self, out, attention_mask: torch.Tensor) -> torch.Tensor:
         """h: the encoder's pooled vector before any head (the [CLS] of H under pooling "cls")."""
-        return pool(self.encoder.pooling, out.last_hidden_state, attention_mask, out.hidden_states)
+        return pool(self.encoder.pooling, out.last_hidden_state, attention_mask, out.hidden_states,
+                    self.encoder.layer_weights)
 
     @staticmethod
     def aux_input(h: torch.Tensor, token_states: torch.Tensor) -> torch.Tensor:
@@ -298,7 +299,7 @@ class InfoCSE(Objective):
     def forward(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         features, mlm = batch["features"], batch["mlm"]
         enc = self.encoder
-        out = enc.transformer_outputs(**features, output_hidden_states=enc.pooling == "first_last_avg")
+        out = enc.transformer_outputs(**features, output_hidden_states=enc.needs_hidden_states)
         pooled = self.sentence_vector(out, features["attention_mask"])
         emb = enc.head(pooled) if enc.head is not None else pooled
         z1, z2 = emb.chunk(2)

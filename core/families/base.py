@@ -1,0 +1,27 @@
+"""A model family's quirks as data and a few overridable steps; the defaults suit a bidirectional encoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    #: transformers' config.model_type values this family covers
+    model_types: tuple[str, ...]
+    #: a plain HF checkpoint (no sentence-transformers modules) pools by this
+    default_pooling: str = "mean"
+
+    def load_kwargs(self, config) -> dict[str, Any]:
+        """Extra keyword arguments for AutoModel.from_pretrained."""
+        return {}
+
+    def position_limit(self, config) -> int | None:
+        """The longest input the position table holds (None: the config states no limit)."""
+        limit = getattr(config, "max_position_embeddings", None)
+        return limit if isinstance(limit, int) and limit > 0 else None
+
+    def prepare(self, model) -> None:
+        """Anything the model needs before it is run or traced (in place)."""

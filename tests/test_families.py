@@ -1,0 +1,151 @@
+"""Any model a user brings, served as sentence-transformers serves it: one tiny random-weight model per family
+(tests/tiny_models.py), every pooling mode and module type, exported and compared with SentenceTransformer.encode;
+what the export cannot reproduce is refused by name with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from core.encoder import SentenceEncoder
+from export.__main__ import main as export_main
+from export.exporter import export_onnx
+from service.engine.backends.onnx import OnnxBackend
+from service.manifest import Manifest
+from tests.conftest import REPO, free_port, wait_ready
+from tests.tiny_models import DECODERS, FAMILIES, build
+
+TEXTS = ["Hi", "A man is playing a guitar and singing loudly.", "x " * 300, "naïve café déjà-vu", "",
+         "Stocks fell sharply on Monday."]
+PROMPTS = {"query": "query: ", "document": "passage: "}
+TOLERANCE = 1e-4
+
+
+def _reference(model_dir, texts=TEXTS, **kwargs) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_dir), device="cpu").encode(texts, normalize_embeddings=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def family_exports(tmp_path_factory):
+    """Each family built with prompts and exported once: {family: (source dir, export dir)}."""
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for family in FAMILIES:
+        source = build(family, root / "src" / family, prompts=PROMPTS, default_prompt_name="query")
+        export_onnx(SentenceEncoder.from_pretrained(source), root / "exports" / family, int8=False, fp16=False)
+        out[family] = (source, root / "exports" / family)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_exports_as_sentence_transformers_encodes(family_exports, family):
+    source, export = family_exports[family]
+    backend = OnnxBackend(export)
+    # one padded batch, as the service runs it (padded on the right; the decoders' tokenizers pad on the left)
+    assert np.abs(backend.encode(TEXTS, batch_size=len(TEXTS)) - _reference(source, prompt="")).max() <= TOLERANCE
+    # prompts: the model's default applies unless another is named; the graph sees prompt + text
+    for name, prompt in PROMPTS.items():
+        expected = _reference(source, prompt_name=name)
+        assert np.abs(backend.encode([prompt + t for t in TEXTS]) - expected).max() <= TOLERANCE
+    assert np.abs(_reference(source) - _reference(source, prompt_name="query")).max() == 0
+    manifest = Manifest.load(export)
+    assert (manifest.prompts, manifest.default_prompt_name) == (PROMPTS, "query")
+    assert manifest.pooling == ("lasttoken" if family in DECODERS else "mean")
+
+
+def test_the_decoders_append_eos_and_their_graph_finds_the_last_real_token(family_exports):
+    _, export = family_exports["qwen3"]
+    backend = OnnxBackend(export)
+    batch, _ = backend.tokenizer.encode(["A man is playing a guitar."])
+    eos = json.loads((export / "tokenizer_config.json").read_text())["eos_token"]
+    assert backend.tokenizer._right.id_to_token(int(batch.ids[-1])) == eos
+    assert "token_type_ids" not in Manifest.load(export).inputs  # the BPE names none; Qwen3 takes none
+
+
+@pytest.mark.parametrize("pooling", ["cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "cls+mean"])
+def test_every_pooling_mode_matches_sentence_transformers(tmp_path, pooling):
+    source = build("bert", tmp_path / "src", pooling=pooling, dense=24)
+    encoder = SentenceEncoder.from_pretrained(source)
+    assert encoder.pooling == pooling
+    export_onnx(encoder, tmp_path / "out", int8=False, fp16=False)
+    got = OnnxBackend(tmp_path / "out").encode(TEXTS, batch_size=len(TEXTS))
+    assert got.shape[1] == 24  # the Dense head is in the graph
+    assert np.abs(got - _reference(source)).max() <= TOLERANCE
+
+
+def test_a_weighted_layer_pooling_matches_sentence_transformers(tmp_path):
+    source = build("xlm-roberta", tmp_path / "src", layer_weights=(1, [0.25, 2.0]))
+    encoder = SentenceEncoder.from_pretrained(source)
+    assert encoder.layer_weights is not None and encoder.layer_weights.weights.tolist() == [0.25, 2.0]
+    export_onnx(encoder, tmp_path / "out", int8=False, fp16=False)
+    assert np.abs(OnnxBackend(tmp_path / "out").encode(TEXTS) - _reference(source)).max() <= TOLERANCE
+    encoder.save_pretrained(tmp_path / "saved")  # and it saves as it loaded
+    assert np.abs(_reference(tmp_path / "saved") - _reference(source)).max() <= 1e-6
+
+
+def test_the_position_table_bounds_max_seq_length(tmp_path, capsys):
+    """RoBERTa-style models number positions from padding_idx + 1: the tiny XLM-R's 130 positions with padding
+    index 0 hold 129 tokens. The limit itself exports with parity on a text longer than it; one more is refused
+    with the real maximum named and nothing written."""
+    source = build("xlm-roberta", tmp_path / "src")
+    encoder = SentenceEncoder.from_pretrained(source, max_seq_length=129)
+    export_onnx(encoder, tmp_path / "ok", int8=False, fp16=False)  # PARITY_SENTENCES hold a 600-word text
+    assert OnnxBackend(tmp_path / "ok").tokenizer.encode(["long " * 300])[0].lengths.tolist() == [129]
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "over"), "--max-seq-length", "130"]) == 2
+    assert "position table: it takes at most 129 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "over").exists()
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    (lambda d: _edit(d / "1_Pooling" / "config.json", include_prompt=False), "include_prompt=false"),
+    (lambda d: _edit(d / "1_Pooling" / "config.json", pooling_mode="splade"), "unsupported pooling 'splade'"),
+    (lambda d: (d / "modules.json").write_text(json.dumps(
+        json.loads((d / "modules.json").read_text())
+        + [{"idx": 9, "name": "9", "path": "", "type": "sentence_transformers.models.LSTM"}])),
+     "unsupported sentence-transformers module sentence_transformers.models.LSTM"),
+    (lambda d: _edit(d / "config.json", architectures=["BertForSequenceClassification"]),
+     "is a BertForSequenceClassification"),
+])
+def test_what_the_export_cannot_reproduce_is_refused_by_name(tmp_path, capsys, change, refusal):
+    source = build("bert", tmp_path / "src")
+    change(source)
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "out"), "--no-int8", "--no-fp16"]) == 2
+    assert refusal in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _edit(path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_live_service_serves_every_family_as_sentence_transformers_encodes(family_exports, tmp_path):
+    """`python -m service` with every family's export beside the others (SEMBED_MODELS), called over HTTP by
+    model name: the vectors are sentence-transformers' to 1e-4."""
+    port = free_port()
+    models = ",".join(f"{family}={export}" for family, (_, export) in family_exports.items())
+    env = {**os.environ, "SEMBED_MODELS": models, "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1",
+           "SEMBED_API_WORKERS": "1", "SEMBED_INDEX_PATH": ":memory:", "SEMBED_ACCESS_LOG": "false"}
+    log = tmp_path / "service.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log, timeout=180)
+        for family, (source, _) in family_exports.items():
+            answer = httpx.post(f"{url}/v1/embeddings", json={"input": TEXTS, "model": family}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            got = np.array([row["embedding"] for row in answer.json()["data"]], dtype=np.float32)
+            # the service puts the model's default prompt ("query: ") before each text, as encode() does
+            assert np.abs(got - _reference(source)).max() <= TOLERANCE, family
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
