@@ -105,3 +105,82 @@ class CrossEncoder(nn.Module):
             out[idx] = self(**{k: v.to(self.device) for k, v in feats.items()}).float().cpu().numpy()
         self.train(was_training)
         return out
+
+
+#: the activations a reranker's manifest may name, which the service applies to the graph's logit
+SCORE_ACTIVATIONS = ("Sigmoid", "Identity", "Tanh")
+
+
+def sequence_classifier_head(path: str | Path) -> str | None:
+    """The *ForSequenceClassification architecture a directory's config.json names, or None."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return None
+    heads = [a for a in json.loads(config_file.read_text()).get("architectures") or []
+             if a.endswith("ForSequenceClassification")]
+    return heads[0] if heads else None
+
+
+class PairScorer(nn.Module):
+    """A Hugging Face *ForSequenceClassification with one label, as sentence-transformers' CrossEncoder scores
+    with it: its own head (BERT's pooler included). `forward` gives the logit of each pair, [B]; `activation`
+    names what CrossEncoder.predict applies to it (the config's `sentence_transformers.activation_fn`, else
+    Sigmoid), which the service applies unless asked for raw scores. It is a CrossEncoder for the export
+    (tokenize, uses_token_type_ids, max_seq_length)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer, max_seq_length: int, activation: str = "Sigmoid",
+                 base_model: str = ""):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.activation = activation
+        self.base_model = base_model
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, max_seq_length: int | None = None,
+                        trust_remote_code: bool = False) -> PairScorer:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from core import families
+
+        remote = {"trust_remote_code": True} if trust_remote_code else {}
+        model = AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager", **remote)
+        config = model.config
+        if config.num_labels != 1:
+            raise ValueError(f"{path} is a classifier with {config.num_labels} labels "
+                             f"({', '.join(map(str, config.id2label.values()))}), not a one-score reranker: "
+                             "sequence classifiers (TEI's /predict) are not served yet")
+        activation_path = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") \
+            or "torch.nn.modules.activation.Sigmoid"
+        activation = activation_path.rsplit(".", 1)[-1]
+        if activation not in SCORE_ACTIVATIONS:
+            raise ValueError(f"unsupported CrossEncoder activation {activation_path!r} in {path}: known "
+                             f"{', '.join(SCORE_ACTIVATIONS)}")
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, **remote)
+        limit = families.family_of(config).position_limit(config)
+        if max_seq_length and limit and max_seq_length > limit:
+            raise ValueError(f"max_seq_length {max_seq_length} is past {config.model_type}'s position table: it "
+                             f"takes at most {limit} tokens")
+        # CrossEncoder's length: the tokenizer's model_max_length (512 where it states none sensibly)
+        own = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
+        length = max_seq_length or min(own, limit or own)
+        return cls(model, tokenizer, length, activation, str(path))
+
+    @property
+    def uses_token_type_ids(self) -> bool:
+        import inspect
+
+        return ("token_type_ids" in self.tokenizer.model_input_names
+                and "token_type_ids" in inspect.signature(self.model.forward).parameters)
+
+    def tokenize(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(first, second, padding=True, truncation="longest_first",
+                               max_length=self.max_seq_length, return_tensors="pt")
+        return model_inputs(batch)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs, return_dict=True).logits[:, 0]

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.cross_encoder import CrossEncoder, is_cross_encoder_dir
+from core.cross_encoder import CrossEncoder, PairScorer, is_cross_encoder_dir, sequence_classifier_head
 from core.default_model import model_label, resolve_model
 from core.encoder import POOLINGS, SentenceEncoder
-from export.exporter import export_onnx, refuse_other_kinds
+from export.exporter import export_onnx
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
             encoder = CrossEncoder.from_pretrained(model_dir)
             encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
+        elif sequence_classifier_head(model_dir):
+            # a reranker: scored as CrossEncoder.predict scores, never exported as its bare encoder's mean
+            encoder = PairScorer.from_pretrained(model_dir, args.max_seq_length, args.trust_remote_code)
         else:
-            refuse_other_kinds(model_dir)
             encoder = SentenceEncoder.from_pretrained(model_dir, args.pooling, args.max_seq_length,
                                                       trust_remote_code=args.trust_remote_code)
             encoder.base_model = model_label(args.model)  # not a site-packages path for the default
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
                            data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "
-          f"normalize {encoder.normalize}, "
+          f"normalize {getattr(encoder, 'normalize', 'n/a')}, "
           f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
     for variant, entry in (manifest.variants or {}).items():
         if "quality" in entry:

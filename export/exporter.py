@@ -1,8 +1,9 @@
 """A SentenceEncoder or CrossEncoder to a servable directory: model.onnx + tokenizer + manifest.json.
 
 The graph holds the whole embedding path (transformer, pooling, head, L2 normalisation), so the
-service only tokenises and runs it. A CrossEncoder (CoSENT Eq. 11) exports instead as a graph from
-the tokenised pair to one score per pair, its manifest's kind "cross-encoder" (served at /rerank).
+service only tokenises and runs it. A CrossEncoder (CoSENT Eq. 11) or a Hugging Face reranker (PairScorer:
+a *ForSequenceClassification with one label) exports instead as a graph from the tokenised pair to one score
+per pair, its manifest's kind "cross-encoder" (served at /rerank).
 Every export is checked against torch on padded batches of mixed lengths before the manifest is
 written: a directory with a manifest is a verified export.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-import json
 import logging
 import shutil
 import sys
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from core import families
-from core.cross_encoder import CrossEncoder
+from core.cross_encoder import CrossEncoder, PairScorer
 from core.data import find_source_dir, read_stsb
 from core.encoder import SentenceEncoder
 from export import quantize
@@ -62,21 +62,6 @@ class ParityError(RuntimeError):
     pass
 
 
-def refuse_other_kinds(model_dir: str | Path) -> None:
-    """A ValueError for a directory that is not an embedding model: a sequence classifier or reranker (an HF
-    *ForSequenceClassification, a sentence-transformers CrossEncoder) would otherwise load as its bare
-    encoder and export, mean-pooled, as an embedding model it is not."""
-    config_file = Path(model_dir) / "config.json"
-    if not config_file.is_file():
-        return
-    config = json.loads(config_file.read_text())
-    heads = [a for a in config.get("architectures") or [] if a.endswith("ForSequenceClassification")]
-    if heads or "sentence_transformers" in config and "activation_fn" in config["sentence_transformers"]:
-        raise ValueError(f"{model_dir} is a {heads[0] if heads else 'CrossEncoder'} (a reranker or classifier "
-                         "with a score head), not an embedding model: exporting it as one would serve its bare "
-                         "encoder's mean-pooled states; this export does not serve sequence classifiers yet")
-
-
 class _ExportGraph(nn.Module):
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
@@ -87,7 +72,7 @@ class _ExportGraph(nn.Module):
         return nn.functional.normalize(raw, p=2, dim=-1), raw
 
 
-def _input_names(encoder: SentenceEncoder | CrossEncoder) -> list[str]:
+def _input_names(encoder: SentenceEncoder | CrossEncoder | PairScorer) -> list[str]:
     names = ["input_ids", "attention_mask"]
     return names + ["token_type_ids"] if encoder.uses_token_type_ids else names
 
@@ -129,7 +114,7 @@ def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = P
 
 
 def export_onnx(
-    encoder: SentenceEncoder | CrossEncoder,
+    encoder: SentenceEncoder | CrossEncoder | PairScorer,
     out_dir: str | Path,
     *,
     name: str | None = None,
@@ -152,7 +137,7 @@ def export_onnx(
     written, its `variants_left_out` the others asked for, each with why; the fp32 graph is always written.
     """
     out_dir = Path(out_dir)
-    if isinstance(encoder, CrossEncoder):
+    if isinstance(encoder, CrossEncoder | PairScorer):
         return _export_cross_encoder(encoder, out_dir, name=name, method=method, training=training,
                                      tolerance=tolerance)
     encoder = encoder.to("cpu").eval()
@@ -249,7 +234,7 @@ GOLDEN_PAIRS = [(GOLDEN_SENTENCES[0], GOLDEN_SENTENCES[1]), (GOLDEN_SENTENCES[0]
 
 
 class _ScoreGraph(nn.Module):
-    def __init__(self, scorer: CrossEncoder):
+    def __init__(self, scorer: CrossEncoder | PairScorer):
         super().__init__()
         self.scorer = scorer
 
@@ -257,12 +242,13 @@ class _ScoreGraph(nn.Module):
         return self.scorer(input_ids, attention_mask, token_type_ids)
 
 
-def _pair_feeds(scorer: CrossEncoder, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+def _pair_feeds(scorer: CrossEncoder | PairScorer, pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
     batch = scorer.tokenize([a for a, _ in pairs], [b for _, b in pairs])
     return {name: batch[name] for name in _input_names(scorer)}
 
 
-def check_pair_parity(scorer: CrossEncoder, onnx_path: Path, pairs: list[tuple[str, str]] = PARITY_PAIRS) -> float:
+def check_pair_parity(scorer: CrossEncoder | PairScorer, onnx_path: Path,
+                      pairs: list[tuple[str, str]] = PARITY_PAIRS) -> float:
     """Max |onnx − torch| of the scores of one padded batch of pairs of mixed lengths."""
     import onnxruntime as ort
 
@@ -274,7 +260,7 @@ def check_pair_parity(scorer: CrossEncoder, onnx_path: Path, pairs: list[tuple[s
     return float(np.abs(got - expected).max())
 
 
-def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | None, method: str | None,
+def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, name: str | None, method: str | None,
                           training: dict[str, Any] | None, tolerance: float) -> Manifest:
     """The graph takes the tokenised pair (as the service's pair tokenisation gives it) and returns
     the logit f(i, j), [batch]. No int8 variant: its quality check measures embeddings."""
@@ -310,6 +296,10 @@ def _export_cross_encoder(scorer: CrossEncoder, out_dir: Path, *, name: str | No
             golden={"pairs": [list(p) for p in GOLDEN_PAIRS],
                     "scores": np.round(golden.astype(np.float64), 7).tolist()},
             training=training,
+            # what CrossEncoder.predict applies to the logit, and the service unless asked for raw scores
+            score_activation=getattr(scorer, "activation", "Sigmoid"),
+            family=families.family_of(scorer.transformer.config if isinstance(scorer, CrossEncoder)
+                                      else scorer.model.config).name,
         )
         manifest.variants = {"fp32": {"file": GRAPH_FILE, "sha256": manifest.onnx_sha256}}
         manifest.save(staging)
@@ -343,13 +333,23 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
     if not builders:
         return {}, left_out
     config = encoder.transformer.config
-    fused = staging / ".fused.onnx"
-    try:  # 0: the fuser reads heads and hidden size from the graph, for a config that names them otherwise
-        source = quantize.fuse(staging / GRAPH_FILE, fused, getattr(config, "num_attention_heads", 0),
-                               getattr(config, "hidden_size", 0))
+    plain, fused = staging / GRAPH_FILE, staging / ".fused.onnx"
+    try:
+        # onnxruntime's fusions where it has them for the family (0: the fuser reads heads and hidden size from
+        # the graph, for a config that names them otherwise); a variant that cannot be built from the fused
+        # graph is built from the plain one: fused or not, its quality is measured the same way below
+        fusion = families.family_of(config).ort_fusion
+        source = plain if fusion is None else quantize.fuse(
+            plain, fused, getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0), fusion)
         for name, (file, build) in builders.items():
             try:
-                build(source, staging / file)
+                try:
+                    build(source, staging / file)
+                except Exception as e:
+                    if source == plain:
+                        raise
+                    log.warning("%s from the fused graph failed (%s): building it from the plain one", name, e)
+                    build(plain, staging / file)
             except Exception as e:
                 leave_out(name, f"building it failed ({_describe(e)})", e)
     finally:

@@ -227,13 +227,13 @@ class QualityError(RuntimeError):
     pass
 
 
-def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int) -> Path:
-    """onnxruntime's BERT fusions (Attention, SkipLayerNormalization, BiasGelu, EmbedLayerNormalization)
-    written to `out`; the plain graph when the fuser does not know the architecture."""
+def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int, model_type: str = "bert") -> Path:
+    """onnxruntime's fusions for `model_type` (BERT's: Attention, SkipLayerNormalization, BiasGelu,
+    EmbedLayerNormalization) written to `out`; the plain graph when the fuser does not know the architecture."""
     try:
         from onnxruntime.transformers.optimizer import optimize_model
 
-        optimize_model(str(fp32_graph), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+        optimize_model(str(fp32_graph), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
                        opt_level=1).save_model_to_file(str(out))
         return out
     except Exception as e:

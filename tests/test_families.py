@@ -112,7 +112,7 @@ def test_the_position_table_bounds_max_seq_length(tmp_path, capsys):
         + [{"idx": 9, "name": "9", "path": "", "type": "sentence_transformers.models.LSTM"}])),
      "unsupported sentence-transformers module sentence_transformers.models.LSTM"),
     (lambda d: _edit(d / "config.json", architectures=["BertForSequenceClassification"]),
-     "is a BertForSequenceClassification"),
+     "is a classifier with 2 labels"),
 ])
 def test_what_the_export_cannot_reproduce_is_refused_by_name(tmp_path, capsys, change, refusal):
     source = build("bert", tmp_path / "src")
@@ -149,3 +149,33 @@ def test_a_live_service_serves_every_family_as_sentence_transformers_encodes(fam
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize(("family", "activation"), [("bert", None), ("mpnet", "Identity")])
+def test_a_hugging_face_reranker_exports_as_a_pair_scorer_with_crossencoder_predict_scores(tmp_path, family,
+                                                                                          activation):
+    """An HF *ForSequenceClassification with one label (the ms-marco cross-encoders, bge-reranker) exports as a
+    pair scorer, BERT's pooler included; its logit through the activation its config names is exactly
+    CrossEncoder.predict, before and after export."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModelForSequenceClassification
+
+    source = build(family, tmp_path / "base")
+    config = json.loads((source / "config.json").read_text())
+    head = config["architectures"][0].replace("Model", "ForSequenceClassification")
+    config.update(num_labels=1, architectures=[head])
+    if activation:
+        config["sentence_transformers"] = {"activation_fn": f"torch.nn.modules.linear.{activation}"}
+    (source / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(1)
+    AutoModelForSequenceClassification.from_pretrained(source).save_pretrained(source)  # a random head, saved
+    (source / "modules.json").unlink()  # a plain HF reranker directory
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "out")]) == 0
+    manifest = Manifest.load(tmp_path / "out")
+    assert (manifest.kind, manifest.score_activation) == ("cross-encoder", activation or "Sigmoid")
+    pairs = [("Who is making music?", t) for t in TEXTS] + [("long " * 200, "Hi")]
+    expected = CrossEncoder(str(source), device="cpu").predict(pairs)
+    logits = OnnxBackend(tmp_path / "out").score_pairs(pairs)
+    scores = 1 / (1 + np.exp(-logits)) if activation is None else logits
+    assert np.abs(scores - expected).max() <= TOLERANCE

@@ -13,6 +13,9 @@ class Family:
     model_types: tuple[str, ...]
     #: a plain HF checkpoint (no sentence-transformers modules) pools by this
     default_pooling: str = "mean"
+    #: onnxruntime.transformers' optimizer model_type whose fusions the int8 and fp16 variants start from
+    #: (None: they are built from the plain graph)
+    ort_fusion: str | None = "bert"
 
     def load_kwargs(self, config) -> dict[str, Any]:
         """Extra keyword arguments for AutoModel.from_pretrained."""
