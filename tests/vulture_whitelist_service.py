@@ -12,8 +12,8 @@ get_document, get_documents, healthz, predict, readyz, reembed_collection, reloa
 
 # pydantic reads model_config and calls the validators; fields clients send or read, or exports record
 model_config
-_._lift_parameters, _._one_query_kind, _._unique_ids, _._pairs
-added, deleted, embedding, total_tokens, usage, user, prompt_name, parameters
+_._lift_parameters, _._one_query_kind, _._unique_ids, _._pairs, _._one_prompt
+added, deleted, embedding, total_tokens, usage, user, parameters
 base_model, created_at, opset, outputs, pad_token, parity_max_abs_diff, pooling, training
 
 # Starlette reads a Response subclass's media_type and calls its render()

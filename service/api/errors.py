@@ -74,7 +74,9 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
             wait = getattr(exc, "retry_after_s", None) if status == 429 else None
             retry = str(max(1, round(wait)) if wait else retry_after_s)
             headers = {"Retry-After": retry} if status in (429, 503) else {}
-            return ApiError(status, str(exc), error_type, headers=headers)
+            # a refused prompt names its field, and an unknown name lists the model's (PromptRefused)
+            return ApiError(status, str(exc), error_type, param=getattr(exc, "param", None),
+                            detail=getattr(exc, "detail", None), headers=headers)
     if isinstance(exc, VectorIndexError):
         headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else {}
         return ApiError(exc.status, str(exc), exc.error_type, headers=headers)

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
 
 from service.api.client import EngineClient, InProcessEngineClient
-from service.ipc.messages import EmbedResult, EngineError, ModelInfo, TokenBatch, WrongModelType
+from service.ipc.messages import EmbedResult, EngineError, InvalidInput, ModelInfo, TokenBatch, WrongModelType
 from service.metrics import ApiMetrics, observe_all
 from service.tokenization import TextTokenizer, check_texts, check_truncation, from_ids
 
@@ -23,6 +23,25 @@ log = logging.getLogger("sembed.registry")
 
 class ModelNotFound(EngineError):
     pass
+
+
+class PromptRefused(InvalidInput):
+    """A prompt the request cannot have: `param` is the field to blame, `detail` what the model offers."""
+
+    def __init__(self, message: str, param: str, detail: Any = None):
+        super().__init__(message)
+        self.param, self.detail = param, detail
+
+
+class Prompt(NamedTuple):
+    text: str  # put before each input; "": none
+    param: str = "prompt_name"  # the request field it came from: prompt_name (or the default), or instruction
+    label: str = ""  # how a message names it
+
+
+NO_PROMPT = Prompt("")
+#: a prompt's token count is kept per prompt text; bounded, as instructions are free-form
+_PROMPT_CACHE = 1024
 
 
 @dataclass
@@ -40,14 +59,17 @@ class ServedModel:
 
     held: int = 0  # requests inside embed/rerank, tokenising or waiting on the engine
     token: int | None = None  # a staged reload's number at the supervisor
+    _prompt_tokens: dict[str, int] = field(default_factory=dict, repr=False)  # prompt text → its token count
 
     @property
     def ready(self) -> bool:
         return self.client.ready
 
     async def embed(self, inputs: list[str] | list[list[int]], *, normalize: bool = True, truncate: bool | None = None,
-                    truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
-        """Texts, or inputs already tokenised as the model's own token ids (taken as they are)."""
+                    truncation_direction: str = "right", timeout_s: float | None = None,
+                    prompt_name: str | None = None, instruction: str | None = None) -> EmbedResult:
+        """Texts, each after its prompt (`prompt`), or inputs already tokenised as the model's own token ids
+        (taken as they are: no prompt applies to them, and naming one is refused)."""
         if self.info.is_cross_encoder:
             raise WrongModelType(f"model {self.info.model} is a reranker (cross-encoder): it scores (query, text) "
                                  "pairs at /rerank and gives no embeddings")
@@ -55,14 +77,60 @@ class ServedModel:
         with self._holding():
             start = time.perf_counter()
             if inputs and not isinstance(inputs[0], str):
+                if prompt_name is not None or instruction is not None:
+                    raise PromptRefused("a prompt is text put before text: inputs given as token ids take none "
+                                        "(send text, or put the prompt's ids in front yourself)",
+                                        "prompt_name" if prompt_name is not None else "instruction")
                 batch = from_ids(inputs, self.info.max_seq_length, self.info.vocab_size, truncate)
             else:
-                check_texts(cast(list[str], inputs))  # inputs[0] is a str: pydantic's lists hold one kind
-                batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, inputs)), inputs,
+                texts = cast(list[str], inputs)  # inputs[0] is a str: pydantic's lists hold one kind
+                check_texts(texts)
+                prompt = self.prompt(prompt_name, instruction)
+                if prompt.text:
+                    await self._check_room(prompt)
+                    texts = [prompt.text + text for text in texts]
+                batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, texts)), texts,
                                                        truncation_direction)
                 if not truncate:
-                    check_truncation(original, self.info.max_seq_length)
+                    check_truncation(original, self.info.max_seq_length,
+                                     "inputs[{}] with its prompt" if prompt.text else "inputs[{}]")
             return await self._infer(batch, normalize, timeout_s, time.perf_counter() - start)
+
+    def prompt(self, name: str | None = None, instruction: str | None = None) -> Prompt:
+        """The text put before each input, chosen as sentence-transformers' encode(prompt=, prompt_name=)
+        chooses it: `instruction` as given, else the model's prompt `name`, else its default prompt (none if it
+        has none)."""
+        if instruction is not None:
+            if name is not None:  # the request schemas refuse this first
+                raise PromptRefused("give prompt_name or instruction, not both", "instruction")
+            check_texts([instruction], "instruction")
+            return Prompt(instruction, "instruction", "the instruction")
+        prompts: dict[str, str] = self.info.manifest.get("prompts") or {}
+        if name is None:
+            name = self.info.manifest.get("default_prompt_name")
+            if name is None or name not in prompts:
+                return NO_PROMPT
+            return Prompt(prompts[name], "prompt_name", f"the default prompt {name!r}")
+        if name not in prompts:
+            has = ", ".join(map(repr, sorted(prompts))) or "none"
+            raise PromptRefused(f"model {self.info.model} has no prompt named {name!r}; its prompts: {has}",
+                                "prompt_name", {"prompts": sorted(prompts)})
+        return Prompt(prompts[name], "prompt_name", f"prompt {name!r}")
+
+    async def _check_room(self, prompt: Prompt) -> None:
+        """Refuse a prompt that, with the special tokens, fills the model's window: no text would be left."""
+        n = self._prompt_tokens.get(prompt.text)
+        if n is None:
+            _, original = await self._tokenize(self.tokenizer.encode, len(prompt.text), [prompt.text], "right")
+            n = int(original[0])
+            if len(self._prompt_tokens) >= _PROMPT_CACHE:
+                self._prompt_tokens.clear()
+            self._prompt_tokens[prompt.text] = n
+        limit = self.info.max_seq_length
+        if n >= limit:
+            shown = prompt.text if len(prompt.text) <= 60 else prompt.text[:57] + "..."
+            raise PromptRefused(f"{prompt.label} ({shown!r}) takes {n} tokens with the special tokens; the model "
+                                f"takes at most {limit}: no room is left for the text", prompt.param)
 
     async def rerank(self, query: str, texts: list[str], *, truncate: bool | None = None,
                      truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
@@ -89,9 +157,12 @@ class ServedModel:
         finally:
             self.held -= 1
 
-    def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
+    def token_details(self, texts: list[str], add_special_tokens: bool = True, prompt_name: str | None = None,
+                      instruction: str | None = None) -> list[list[dict]]:
+        """The tokens of each text after its prompt, as embed tokenises it (spans count from the prompt's start)."""
         check_texts(texts)
-        return self.tokenizer.token_details(texts, add_special_tokens)
+        prompt = self.prompt(prompt_name, instruction).text
+        return self.tokenizer.token_details([prompt + text for text in texts] if prompt else texts, add_special_tokens)
 
     async def _tokenize(self, encode, chars: int, inputs, direction: str):
         if chars <= self.tokenizer.inline_chars:

@@ -37,8 +37,29 @@ class _TeiRequest(BaseModel):
 
 TruncationDirection = Literal["Right", "Left", "right", "left"]
 
+_PROMPT_NAME = ("one of the model's prompts by name (GET /info: `prompts`), put before each text as "
+                "sentence-transformers' encode(prompt_name=) puts it: its tokens count toward the model's length "
+                "limit and the usage. Unset: the model's `default_prompt_name`, if it has one")
+_INSTRUCTION = ("text of your own put before each text, as sentence-transformers' encode(prompt=); instead of "
+                "prompt_name, not with it. \"\" embeds the texts as they are, without the default prompt")
+_NO_PROMPT_FOR_IDS = ("; inputs given as token ids take no prompt: naming one with them is refused (422), and the "
+                      "default prompt is not applied to them")
 
-class EmbedRequest(_TeiRequest):
+
+class _Prompted(BaseModel):
+    """prompt_name or instruction: what goes before each text."""
+
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME, examples=["query"])
+    instruction: str | None = Field(None, description=_INSTRUCTION)
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        if self.prompt_name is not None and self.instruction is not None:
+            raise ValueError("give prompt_name or instruction, not both")
+        return self
+
+
+class EmbedRequest(_TeiRequest, _Prompted):
     """TEI's /embed body."""
 
     inputs: str | NonEmpty[str] = Field(description="one text or a list of texts",
@@ -49,8 +70,6 @@ class EmbedRequest(_TeiRequest):
     truncation_direction: TruncationDirection = Field("Right", description="which end a cut removes")
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions (Matryoshka), "
                                    "renormalised when normalize is true")
-    prompt_name: None = Field(None, description="not supported: exports carry no prompts")
-
 
     @property
     def texts(self) -> list[str]:
@@ -62,8 +81,8 @@ class SimilarityInputs(BaseModel):
     sentences: list[str] = Field(min_length=1, examples=[["A person plays the guitar.", "Stocks fell sharply."]])
 
 
-class SimilarityRequest(_TeiRequest):
-    """TEI's /similarity body (the Hugging Face sentence-similarity task)."""
+class SimilarityRequest(_TeiRequest, _Prompted):
+    """TEI's /similarity body (the Hugging Face sentence-similarity task); a prompt goes before every sentence."""
 
     inputs: SimilarityInputs
     truncate: StrictBool | None = None
@@ -72,7 +91,7 @@ class SimilarityRequest(_TeiRequest):
 
 class RerankRequest(_TeiRequest):
     """TEI's /rerank body; a cross-encoder export scores each (query, text) pair, a bi-encoder export
-    each text by cosine similarity to the query."""
+    each text by cosine similarity to the query (both embedded after its default prompt, if it has one)."""
 
     query: str = Field(examples=["What is Deep Learning?"])
     texts: list[str] = Field(min_length=1, examples=[["Deep Learning is a kind of machine learning.", "Cheese."]])
@@ -89,10 +108,11 @@ class RerankHit(BaseModel):
     text: str | None = None
 
 
-class TokenizeRequest(_TeiRequest):
+class TokenizeRequest(_TeiRequest, _Prompted):
+    """TEI's /tokenize body: the tokens /embed would embed, prompt included."""
+
     inputs: str | NonEmpty[str]
     add_special_tokens: StrictBool = True
-    prompt_name: None = None
 
     @property
     def texts(self) -> list[str]:
@@ -236,7 +256,9 @@ class CollectionsOut(BaseModel):
 
 
 # --- OpenAI embeddings API (/v1/) --------------------------------------------------------------------
-class OpenAIEmbeddingRequest(BaseModel):
+class OpenAIEmbeddingRequest(_Prompted):
+    """OpenAI's body; prompt_name and instruction are ours (the openai client sends them with extra_body)."""
+
     model_config = ConfigDict(extra="ignore", protected_namespaces=())  # clients send `user` and more
 
     input: str | NonEmpty[str] | NonEmpty[int] | NonEmpty[NonEmpty[int]] = Field(
@@ -245,7 +267,8 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions, then renormalise")
     user: str | None = None
-
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME + _NO_PROMPT_FOR_IDS, examples=["query"])
+    instruction: str | None = Field(None, description=_INSTRUCTION + _NO_PROMPT_FOR_IDS)
 
 
 class OpenAIEmbedding(BaseModel):

@@ -1,7 +1,9 @@
 """The OpenAI embeddings API: POST /v1/embeddings and GET /v1/models, with OpenAI's error body.
 
 `input` may be token ids, as OpenAI allows; here they are the served model's own tokenizer's ids
-(what /tokenize returns), taken as they are: special tokens included if the client put them in.
+(what /tokenize returns), taken as they are: special tokens included if the client put them in, and no
+prompt. `prompt_name` and `instruction` (ours: the openai client sends them with `extra_body`) put a
+prompt before each text, as TEI's /embed does.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     if any(isinstance(t, str) and not t for t in texts):  # OpenAI answers an empty string with 400
         raise ApiError(400, "'$.input' is invalid: an input is an empty string", "Validation", param="input")
     served = registry(request).get(req.model)
-    result = await served.embed(texts, normalize=True)
+    result = await served.embed(texts, normalize=True, prompt_name=req.prompt_name, instruction=req.instruction)
     vectors = matryoshka(result.vectors, req.dimensions, normalize=True)
     if req.encoding_format == "base64":
         rows = base64_rows(vectors)

@@ -97,6 +97,9 @@ async def info(request: Request):
         "models": registry.names(),
         "device": served.info.device,
         "variant": served.info.variant,  # which graph of the export: fp32, int8, fp16 (or an older export's int8-avx2)
+        # what prompt_name may name, and what applies where a request names none (sentence-transformers')
+        "prompts": manifest.get("prompts") or {},
+        "default_prompt_name": manifest.get("default_prompt_name"),
         "index_documents": default_documents(request.app.state.index),
         "limits": {
             "max_client_batch_size": s.max_client_batch_size,

@@ -20,13 +20,15 @@ router = APIRouter(tags=["embeddings"])
 
 
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
-                      truncate: bool | None = None, direction: str = "Right"):
+                      truncate: bool | None = None, direction: str = "Right", prompt_name: str | None = None,
+                      instruction: str | None = None):
     check_batch(request, len(texts), field)
     empty = next((i for i, text in enumerate(texts) if not text), None)
     if empty is not None:  # as TEI answers: 422, the input named
         raise ApiError(422, f"{field}[{empty}] is empty: every input needs text", "Validation", param=field)
     return await model(request).embed(texts, normalize=normalize, truncate=truncate,
-                                       truncation_direction=direction.lower())
+                                       truncation_direction=direction.lower(), prompt_name=prompt_name,
+                                       instruction=instruction)
 
 
 @router.post("/embed", response_model=list[list[float]])
@@ -34,7 +36,8 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array)."""
     start = time.perf_counter()
     result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
-                               direction=req.truncation_direction)
+                               direction=req.truncation_direction, prompt_name=req.prompt_name,
+                               instruction=req.instruction)
     vectors = matryoshka(result.vectors, req.dimensions, req.normalize)
     return NumpyJSONResponse(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
@@ -43,7 +46,8 @@ async def embed(req: schemas.EmbedRequest, request: Request):
 async def similarity(req: schemas.SimilarityRequest, request: Request):
     """Cosine similarity between inputs.source_sentence and each of inputs.sentences, in order."""
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
-    result = await embed_texts(request, texts, "sentences", truncate=req.truncate, direction=req.truncation_direction)
+    result = await embed_texts(request, texts, "sentences", truncate=req.truncate, direction=req.truncation_direction,
+                               prompt_name=req.prompt_name, instruction=req.instruction)
     return NumpyJSONResponse(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
 
 
@@ -72,9 +76,11 @@ async def rerank(req: schemas.RerankRequest, request: Request):
 
 @router.post("/tokenize", response_model=list[list[schemas.Token]])
 async def tokenize(req: schemas.TokenizeRequest, request: Request):
-    """The model's tokens for each input, with character spans (special tokens have none)."""
+    """The model's tokens for each input after its prompt, as /embed tokenises it, with character spans into
+    the prompted text (special tokens have none)."""
     check_batch(request, len(req.texts), "inputs")
-    return NumpyJSONResponse(await run_in_threadpool(model(request).token_details, req.texts, req.add_special_tokens))
+    return NumpyJSONResponse(await run_in_threadpool(model(request).token_details, req.texts, req.add_special_tokens,
+                                                     req.prompt_name, req.instruction))
 
 
 @router.post("/", summary="Embed or compare, by the body's shape",
