@@ -50,8 +50,9 @@ class Manifest(BaseModel):
                                     "(e.g. query: 'query: '): text the service puts before an input")
     default_prompt_name: str | None = Field(None, description="the prompt applied where a request names none")
     family: str | None = Field(None, description="the model family the export was built as (core/families)")
-    score_activation: Literal["Sigmoid", "Identity", "Tanh"] = Field("Sigmoid", description="a cross-encoder's: what turns its logit into the score "
-                                  "/rerank answers (sentence-transformers' CrossEncoder activation_fn)")
+    score_activation: Literal["Sigmoid", "Identity", "Tanh"] = Field(
+        "Sigmoid", description="a cross-encoder's: what turns its logit into the score /rerank answers "
+        "(sentence-transformers' CrossEncoder activation_fn)")
 
     @classmethod
     def load(cls, export_dir: str | Path) -> Manifest:

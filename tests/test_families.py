@@ -140,12 +140,17 @@ def test_a_live_service_serves_every_family_as_sentence_transformers_encodes(fam
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log, timeout=180)
+        texts = [t for t in TEXTS if t]  # OpenAI's route refuses an empty string, as OpenAI does
         for family, (source, _) in family_exports.items():
-            answer = httpx.post(f"{url}/v1/embeddings", json={"input": TEXTS, "model": family}, timeout=60)
+            answer = httpx.post(f"{url}/v1/embeddings", json={"input": texts, "model": family}, timeout=60)
             assert answer.status_code == 200, answer.text
             got = np.array([row["embedding"] for row in answer.json()["data"]], dtype=np.float32)
             # the service puts the model's default prompt ("query: ") before each text, as encode() does
-            assert np.abs(got - _reference(source)).max() <= TOLERANCE, family
+            assert np.abs(got - _reference(source, texts)).max() <= TOLERANCE, family
+            answer = httpx.post(f"{url}/v1/embeddings", json={"input": texts, "model": family,
+                                                              "prompt_name": "document"}, timeout=60)
+            got = np.array([row["embedding"] for row in answer.json()["data"]], dtype=np.float32)
+            assert np.abs(got - _reference(source, texts, prompt_name="document")).max() <= TOLERANCE, family
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -179,3 +184,12 @@ def test_a_hugging_face_reranker_exports_as_a_pair_scorer_with_crossencoder_pred
     logits = OnnxBackend(tmp_path / "out").score_pairs(pairs)
     scores = 1 / (1 + np.exp(-logits)) if activation is None else logits
     assert np.abs(scores - expected).max() <= TOLERANCE
+    # served: /rerank answers CrossEncoder.predict's scores, through the activation the manifest names
+    from service.settings import Settings
+    from tests.conftest import LiveServer
+
+    texts = [t for _, t in pairs[:-1]]
+    with LiveServer(Settings(model_dir=tmp_path / "out")) as server:
+        hits = httpx.post(f"{server.url}/rerank", json={"query": pairs[0][0], "texts": texts}, timeout=60).json()
+    assert {h["index"]: h["score"] for h in hits} == pytest.approx(dict(enumerate(expected[:-1].tolist())),
+                                                                 abs=TOLERANCE)

@@ -30,3 +30,6 @@ _.efConstruction, _.sel, _.intra_op_num_threads
 # a module __getattr__ (LocalIndex imported lazily); methods only the tests and benchmarks call
 __getattr__
 _.add_in_process, _.memory, _.snapshot
+
+# manifest fields the routes read from ModelInfo.manifest, the engine's manifest as a dict
+_.score_activation

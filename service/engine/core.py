@@ -234,6 +234,8 @@ def measure_rate(engine: Engine, token_id: int = 1000) -> None:
     length = min(backend.info.max_seq_length, 128)
     seq_len = padded_length(length, backend.pad_to_multiple_of)
     rows = max(1, min(engine.queue.rows_within(seq_len), engine.config.max_batch_requests))  # a pass the queue forms
+    vocab = backend.info.vocab_size
+    token_id = min(token_id, vocab - 1) if vocab else token_id  # a small vocabulary's ids end sooner
     batch = TokenBatch(np.full(rows * length, token_id, dtype=np.int32),
                        np.arange(0, rows * length + 1, length, dtype=np.int64))
     start = time.perf_counter()

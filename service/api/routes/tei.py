@@ -4,6 +4,7 @@ POST / (huggingface_hub's InferenceClient posts both of its tasks to the bare UR
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -51,10 +52,17 @@ async def similarity(req: schemas.SimilarityRequest, request: Request):
     return NumpyJSONResponse(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
 
 
+#: what turns a cross-encoder's logit into its score, as the model's CrossEncoder.predict does (the manifest names it)
+SCORE_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Sigmoid": lambda x: 0.5 * (1.0 + np.tanh(0.5 * x)),  # the sigmoid, without exp's overflow
+    "Identity": lambda x: x, "Tanh": np.tanh}
+
+
 @router.post("/rerank", response_model=list[schemas.RerankHit])
 async def rerank(req: schemas.RerankRequest, request: Request):
     """The texts ranked best first, each with its input index. A cross-encoder export scores each
-    (query, text) pair itself (a sigmoid of its logit, or the logit with raw_scores, as TEI); an
+    (query, text) pair itself (its logit through the activation the model names, a sigmoid by default, or
+    the logit with raw_scores, as TEI); an
     embedding export scores by cosine similarity to the query."""
     served = model(request)
     if served.info.is_cross_encoder:
@@ -63,7 +71,7 @@ async def rerank(req: schemas.RerankRequest, request: Request):
                                     truncation_direction=req.truncation_direction.lower())
         scores = result.vectors[:, 0]
         if not req.raw_scores:
-            scores = 0.5 * (1.0 + np.tanh(0.5 * scores))  # the sigmoid, without exp's overflow
+            scores = SCORE_ACTIVATIONS[served.info.manifest.get("score_activation", "Sigmoid")](scores)
     else:
         result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
                                    direction=req.truncation_direction)
