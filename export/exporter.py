@@ -30,7 +30,7 @@ from core.cross_encoder import CrossEncoder, PairScorer
 from core.data import find_source_dir, read_stsb
 from core.encoder import SentenceEncoder
 from export import quantize
-from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
+from service.manifest import CLASSIFIER, CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 
 log = logging.getLogger("sembed.export")
 
@@ -263,7 +263,8 @@ def check_pair_parity(scorer: CrossEncoder | PairScorer, onnx_path: Path,
 def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, name: str | None, method: str | None,
                           training: dict[str, Any] | None, tolerance: float) -> Manifest:
     """The graph takes the tokenised pair (as the service's pair tokenisation gives it) and returns
-    the logit f(i, j), [batch]. No int8 variant: its quality check measures embeddings."""
+    the logit f(i, j), [batch]; a classifier's graph (a PairScorer with several labels) every label's logit,
+    [batch, labels], for single texts as for pairs. No int8 variant: its quality check measures embeddings."""
     scorer = scorer.to("cpu").eval()
     input_names = _input_names(scorer)
     with _staged(out_dir) as staging:
@@ -276,13 +277,14 @@ def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, n
         with torch.no_grad():
             golden = _ScoreGraph(scorer)(**_pair_feeds(scorer, GOLDEN_PAIRS)).numpy()
         tok = scorer.tokenizer
+        labels = getattr(scorer, "labels", 1)
         manifest = Manifest(
             name=name or out_dir.name,
             base_model=scorer.base_model,
             method=method,
-            kind=CROSS_ENCODER,
+            kind=CROSS_ENCODER if labels == 1 else CLASSIFIER,
             pooling="cls",  # the head reads the [CLS] state
-            dimension=1,
+            dimension=labels,
             max_seq_length=scorer.max_seq_length,
             opset=OPSET,
             pad_token=tok.pad_token,
@@ -298,6 +300,8 @@ def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, n
             training=training,
             # what CrossEncoder.predict applies to the logit, and the service unless asked for raw scores
             score_activation=getattr(scorer, "activation", "Sigmoid"),
+            id2label=scorer.id2label if labels > 1 else None,
+            multi_label=labels > 1 and scorer.multi_label,
             family=families.family_of(scorer.transformer.config if isinstance(scorer, CrossEncoder)
                                       else scorer.model.config).name,
         )
@@ -315,13 +319,15 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
     Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
     anything at all (a converter bug of one onnxruntime release, say), is left out with a warning, and the
     others and the verified fp32 graph are written all the same."""
-    builders: dict[str, tuple[str, Callable[[Path, Path], None]]] = {}
-    if int8:
-        builders.update({name: (file, functools.partial(quantize.build_int8, precise_by=by, layers=layers))
+    builders: dict[str, tuple[str, Callable[[Path, Path], dict[str, Any] | None]]] = {}
+    if int8:  # what stays in float is searched per model, against the cosine gate (quantize.search_int8)
+        builders.update({name: (file, functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
+                                                        precise_by=by, layers=layers))
                          for name, (file, by, layers) in quantize.INT8_GRAPHS.items()})
     if fp16:
         builders["fp16"] = (quantize.FP16_FILE, quantize.build_fp16)
     left_out: dict[str, str] = {}
+    searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)
 
     def leave_out(name: str, reason: str, error: Exception | None = None) -> None:
         left_out[name] = reason
@@ -344,12 +350,14 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         for name, (file, build) in builders.items():
             try:
                 try:
-                    build(source, staging / file)
+                    searched[name] = build(source, staging / file)
                 except Exception as e:
-                    if source == plain:
+                    if source == plain or isinstance(e, quantize.QualityError):
                         raise
                     log.warning("%s from the fused graph failed (%s): building it from the plain one", name, e)
-                    build(plain, staging / file)
+                    searched[name] = build(plain, staging / file)
+            except quantize.QualityError as e:
+                leave_out(name, str(e))
             except Exception as e:
                 leave_out(name, f"building it failed ({_describe(e)})", e)
     finally:
@@ -380,7 +388,8 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         except Exception as e:
             leave_out(name, f"measuring it failed ({_describe(e)})", e)
             continue
-        entries[name] = {"file": file, "sha256": sha256_file(path), "quality": quality}
+        entries[name] = {"file": file, "sha256": sha256_file(path), "quality": quality,
+                         **({"search": searched[name]} if searched.get(name) else {})}
     return entries, left_out
 
 

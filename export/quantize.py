@@ -260,7 +260,8 @@ INT8_GRAPHS = {"int8": (INT8_FILE, "rows", (0, 1, 2))}
 PRECISE_BY = ("blocks", "rows")
 
 
-def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2)) -> None:
+def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2),
+               float_nodes: tuple[str, ...] = ()) -> None:
     """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
     call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
 
@@ -287,7 +288,8 @@ def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[
       approximation).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
     graph: long-text cosine 0.987), static QDQ, symmetric activations, asymmetric weights and
-    per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`)."""
+    per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`).
+    `float_nodes`: MatMuls left in float32 (what `search_int8` finds a model needs to pass the gate)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -298,7 +300,7 @@ def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[
     if precise_by == "rows":
         row_scaled(model, set(precise))
     quantize_dynamic(model, str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                     nodes_to_exclude=precise if precise_by == "blocks" else [],
+                     nodes_to_exclude=list(float_nodes) + (precise if precise_by == "blocks" else []),
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
     if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
@@ -309,6 +311,107 @@ def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[
     plain_layer_norms(model)
     onnx.save(model, str(out))
     onnx.checker.check_model(str(out))
+
+
+def local_int8_errors(source: Path, export_dir: Path, texts: list[str],
+                      row_scaled_nodes: set[str] = frozenset()) -> dict[str, float]:
+    """Each constant-weight MatMul of `source`'s relative error ‖x̂Ŵ − xW‖ / ‖xW‖ (per token, averaged) when only
+    it is quantised as
+    `build_int8` quantises it (its input uint8 with one scale per tensor, rows scaled to 1 first where it is
+    row-scaled; its weight per output channel, 7 bits), on the float graph's own activations for `texts` padded as
+    one batch: how much each GEMM loses by itself, from one run of the float graph."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    from tokenizers import Tokenizer as HfTokenizer
+
+    from service.manifest import Manifest
+
+    model = onnx.load(str(source))
+    weights = {init.name: init for init in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+             and len(weights[n.input[1]].dims) == 2]
+    known = {o.name for o in model.graph.output}
+    for name in dict.fromkeys(n.input[0] for n in nodes):
+        if name not in known:
+            model.graph.output.append(onnx.ValueInfoProto(name=name))
+    manifest = Manifest.load(export_dir)
+    tokenizer = HfTokenizer.from_file(str(export_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(manifest.max_seq_length)
+    tokenizer.enable_padding(pad_id=manifest.pad_token_id, pad_token=manifest.pad_token)
+    encodings = tokenizer.encode_batch(texts)
+    columns = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings],
+               "token_type_ids": [e.type_ids for e in encodings]}
+    feeds = {name: np.array(columns[name], dtype=np.int64) for name in manifest.inputs}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    errors = {}
+    for node in nodes:
+        x = inputs[node.input[0]].reshape(-1, weights[node.input[1]].dims[0]).astype(np.float64)
+        w = numpy_helper.to_array(weights[node.input[1]]).astype(np.float64)
+        exact = x @ w
+        if node.name in row_scaled_nodes:
+            rows = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-12)
+            x = x / rows
+        else:
+            rows = np.ones((len(x), 1))
+        lo, hi = min(x.min(), 0.0), max(x.max(), 0.0)
+        scale = (hi - lo) / 255 or 1.0
+        zero = np.round(-lo / scale)
+        x_q = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+        w_scale = np.maximum(np.abs(w).max(axis=0, keepdims=True), 1e-12) / MAX_INT8_WEIGHT
+        w_q = np.round(w / w_scale) * w_scale
+        # per token, then averaged: a few outlier tokens set the one input scale and would dominate a norm over
+        # the whole tensor, hiding how coarsely every other token is then resolved
+        per_row = np.linalg.norm(rows * (x_q @ w_q) - exact, axis=1) / np.maximum(np.linalg.norm(exact, axis=1), 1e-12)
+        errors[node.name] = float(per_row.mean())
+    return errors
+
+
+def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = MIN_MEAN_COSINE,
+                margin: float = 0.001, precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    """`build_int8` with the fewest MatMuls left in float32 that lifts the mean cosine to fp32 on both quality
+    sets (short sentences, long passages) to `min_cosine` + `margin`: none if the recipe passes as it is (it
+    does for all-MiniLM-L6-v2); else the GEMMs ranked by `local_int8_errors` on the quality texts, the worst
+    1, 2, 4, 8, ... of them in float until one passes, then the fewest between the last two counts (bisection).
+    Each trial is built and measured (`measure`); the graph written to `out` is the one chosen (what it keeps in
+    float for all-mpnet-base-v2: RESULTS.md "int8 for any model"). Returns what was searched: {"float_matmuls": [...],
+    "trials": [[count, short, long], ...]}; a QualityError if even all of them in float do not pass."""
+    target = min_cosine + margin
+    reference = Reference(export_dir, None)
+    trials: list[list[float]] = []
+
+    def passes(float_nodes: tuple[str, ...]) -> bool:
+        build_int8(source, out, precise_by, layers, float_nodes)
+        quality = measure(export_dir, out.name, None, reference)
+        short, long = quality["mean_cosine_to_fp32"], quality["mean_cosine_to_fp32_long"]
+        trials.append([len(float_nodes), short, long])
+        log.info("int8 with %d MatMuls in float: mean cosine to fp32 %.4f short, %.4f long", len(float_nodes),
+                 short, long)
+        return min(short, long) >= target
+
+    if passes(()):
+        return {"float_matmuls": [], "trials": trials}
+    import onnx
+
+    row_scaled_nodes = ({name for i, name in enumerate(ffn_outputs(onnx.load(str(source)).graph)) if i in layers}
+                        if precise_by == "rows" else set())
+    errors = local_int8_errors(source, export_dir, QUALITY_SENTENCES + QUALITY_LONG_SENTENCES, row_scaled_nodes)
+    ranked = tuple(sorted(errors, key=errors.__getitem__, reverse=True))
+    low, high = 0, 1  # fails with `low` in float; `high` is tried next
+    while not passes(ranked[:high]):
+        if high == len(ranked):
+            raise QualityError(f"int8: under {target} mean cosine to fp32 even with every MatMul in float32")
+        low, high = high, min(2 * high, len(ranked))
+    while high - low > 1:
+        middle = (low + high) // 2
+        if passes(ranked[:middle]):
+            high = middle
+        else:
+            low = middle
+    if trials[-1][0] != high:  # the last build tried fewer and failed: write the chosen graph again
+        passes(ranked[:high])
+    return {"float_matmuls": list(ranked[:high]), "trials": trials}
 
 
 def row_scaled(model, names: set[str]) -> int:

@@ -15,8 +15,8 @@ GRAPH_FILE = "model.onnx"
 #: than the model's authors intended, so an older one refuses it). Older manifests still load.
 FORMAT_VERSION = 3
 #: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
-EMBEDDING, CROSS_ENCODER = "embedding", "cross-encoder"
-SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]
+EMBEDDING, CROSS_ENCODER, CLASSIFIER = "embedding", "cross-encoder", "classifier"
+SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]; a classifier's, [batch, labels]
 
 
 class Manifest(BaseModel):
@@ -26,8 +26,9 @@ class Manifest(BaseModel):
     name: str = Field(description="export name, reported by the service as `model`")
     base_model: str
     method: str | None = Field(None, description="training objective, None for a plain export")
-    kind: str = Field(EMBEDDING, description=f"{EMBEDDING!r} (served at /embed, ...) or {CROSS_ENCODER!r} "
-                      "(a pair scorer, served at /rerank only; `dimension` is 1, the score)")
+    kind: str = Field(EMBEDDING, description=f"{EMBEDDING!r} (served at /embed, ...), {CROSS_ENCODER!r} "
+                      "(a pair scorer, served at /rerank only; `dimension` is 1, the score) or "
+                      f"{CLASSIFIER!r} (a sequence classifier, served at /predict; `dimension` is its labels)")
     pooling: str
     dimension: int
     max_seq_length: int
@@ -50,6 +51,9 @@ class Manifest(BaseModel):
                                     "(e.g. query: 'query: '): text the service puts before an input")
     default_prompt_name: str | None = Field(None, description="the prompt applied where a request names none")
     family: str | None = Field(None, description="the model family the export was built as (core/families)")
+    id2label: dict[str, str] | None = Field(None, description="a classifier's label of each output, by index")
+    multi_label: bool = Field(False, description="a classifier's labels are independent (sigmoid each), not "
+                              "exclusive (softmax over them): transformers' problem_type multi_label_classification")
     score_activation: Literal["Sigmoid", "Identity", "Tanh"] = Field(
         "Sigmoid", description="a cross-encoder's: what turns its logit into the score /rerank answers "
         "(sentence-transformers' CrossEncoder activation_fn)")

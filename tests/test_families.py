@@ -111,8 +111,9 @@ def test_the_position_table_bounds_max_seq_length(tmp_path, capsys):
         json.loads((d / "modules.json").read_text())
         + [{"idx": 9, "name": "9", "path": "", "type": "sentence_transformers.models.LSTM"}])),
      "unsupported sentence-transformers module sentence_transformers.models.LSTM"),
-    (lambda d: _edit(d / "config.json", architectures=["BertForSequenceClassification"]),
-     "is a classifier with 2 labels"),
+    (lambda d: _edit(d / "config.json", architectures=["BertForSequenceClassification"], num_labels=1,
+                     sentence_transformers={"activation_fn": "torch.nn.modules.activation.Softplus"}),
+     "unsupported CrossEncoder activation 'torch.nn.modules.activation.Softplus'"),
 ])
 def test_what_the_export_cannot_reproduce_is_refused_by_name(tmp_path, capsys, change, refusal):
     source = build("bert", tmp_path / "src")
@@ -151,6 +152,11 @@ def test_a_live_service_serves_every_family_as_sentence_transformers_encodes(fam
                                                               "prompt_name": "document"}, timeout=60)
             got = np.array([row["embedding"] for row in answer.json()["data"]], dtype=np.float32)
             assert np.abs(got - _reference(source, texts, prompt_name="document")).max() <= TOLERANCE, family
+            # TEI's routes pick the model by the same field (TEI itself serves one)
+            answer = httpx.post(f"{url}/embed", json={"inputs": texts, "model": family}, timeout=60)
+            assert np.abs(np.array(answer.json()) - _reference(source, texts)).max() <= TOLERANCE, family
+        missing = httpx.post(f"{url}/embed", json={"inputs": "x", "model": "no-such-model"}, timeout=60)
+        assert missing.status_code == 404 and "qwen3" in missing.text, missing.text
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -193,3 +199,82 @@ def test_a_hugging_face_reranker_exports_as_a_pair_scorer_with_crossencoder_pred
         hits = httpx.post(f"{server.url}/rerank", json={"query": pairs[0][0], "texts": texts}, timeout=60).json()
     assert {h["index"]: h["score"] for h in hits} == pytest.approx(dict(enumerate(expected[:-1].tolist())),
                                                                  abs=TOLERANCE)
+
+
+def test_int8_keeps_in_float_what_a_model_needs_to_pass_the_gate(tmp_path):
+    """The int8 recipe quantises every weight GEMM; where that loses the cosine gate, the export searches for
+    the fewest MatMuls to keep in float. One feed-forward channel of layer 1 made an outlier (a bias of 200 on
+    one intermediate unit: every token's input to the output projection then spans 200, so one uint8 scale per
+    tensor resolves the rest coarsely): the search finds that projection and the graph passes."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    source = build("bert", tmp_path / "src", max_seq_length=128)
+    model = SentenceTransformer(str(source), device="cpu")
+    layer = model[0].auto_model.encoder.layer[1]
+    with torch.no_grad():
+        layer.output.dense.weight *= 50  # the feed-forward part counts in the output, as in a trained model
+        layer.intermediate.dense.bias[0] = 5000.0
+        layer.output.dense.weight[:, 0] = 0  # the outlier unit adds nothing to the output itself
+    model.save(str(source))
+    export_onnx(SentenceEncoder.from_pretrained(source), tmp_path / "out", fp16=False)
+    int8 = Manifest.load(tmp_path / "out").variants["int8"]
+    assert "layer.1/output/dense/MatMul" in " ".join(int8["search"]["float_matmuls"])
+    assert len(int8["search"]["float_matmuls"]) <= 4
+    assert int8["search"]["trials"][0][1:] != int8["search"]["trials"][-1][1:]
+    first = int8["search"]["trials"][0]
+    quality = int8["quality"]
+    assert min(first[1:]) < 0.99 <= min(quality["mean_cosine_to_fp32"], quality["mean_cosine_to_fp32_long"])
+
+
+def test_a_sequence_classifier_exports_and_answers_teis_predict(tmp_path):
+    """An HF *ForSequenceClassification with several labels exports as a classifier (never as an embedding model)
+    and answers TEI's /predict for a text, a pair and a batch of both: the softmax of the model's own logits, the
+    logits themselves with raw_scores (what CrossEncoder.predict gives such a model), labels from id2label."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModelForSequenceClassification
+
+    from service.settings import Settings
+    from tests.conftest import LiveServer
+
+    source = build("bert", tmp_path / "base")
+    (source / "modules.json").unlink()
+    labels = {0: "contradiction", 1: "entailment", 2: "neutral"}
+    torch.manual_seed(2)
+    hf = AutoModelForSequenceClassification.from_pretrained(source, num_labels=3, id2label=labels,
+                                                            label2id={v: k for k, v in labels.items()})
+    hf.save_pretrained(source)
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "out")]) == 0
+    manifest = Manifest.load(tmp_path / "out")
+    assert (manifest.kind, manifest.dimension, manifest.id2label) == ("classifier", 3, {str(k): v for k, v in
+                                                                                       labels.items()})
+    inputs = ["A man is playing a guitar.", ("A man plays.", "Nobody makes music."), "x " * 300]
+    tokenizer = CrossEncoder(str(source), device="cpu").tokenizer
+    with torch.no_grad():
+        logits = [hf.eval()(**tokenizer(*([x] if isinstance(x, str) else x), truncation=True, max_length=128,
+                                        return_tensors="pt")).logits[0].numpy() for x in inputs]
+    expected_raw = CrossEncoder(str(source), device="cpu").predict([("A man plays.", "Nobody makes music.")])[0]
+    assert np.abs(logits[1] - expected_raw).max() <= TOLERANCE
+
+    def scores(answer) -> np.ndarray:
+        by_label = {hit["label"]: hit["score"] for hit in answer}
+        assert [hit["score"] for hit in answer] == sorted(by_label.values(), reverse=True)
+        return np.array([by_label[labels[i]] for i in range(3)])
+
+    with LiveServer(Settings(model_dir=tmp_path / "out")) as server, httpx.Client(base_url=server.url) as client:
+        one = client.post("/predict", json={"inputs": inputs[0]}).json()
+        softmax = np.exp(logits[0]) / np.exp(logits[0]).sum()
+        assert np.abs(scores(one) - softmax).max() <= TOLERANCE
+        pair = client.post("/predict", json={"inputs": list(inputs[1]), "raw_scores": True}).json()
+        assert np.abs(scores(pair) - logits[1]).max() <= TOLERANCE
+        batch = client.post("/predict", json={"inputs": [[inputs[0]], list(inputs[1]), [inputs[2]]],
+                                               "raw_scores": True}).json()
+        assert len(batch) == 3
+        for answer, expected in zip(batch, logits):
+            assert np.abs(scores(answer) - expected).max() <= TOLERANCE
+        assert client.get("/info").json()["model_type"]["classifier"]["label2id"]["neutral"] == 2
+        refused = client.post("/embed", json={"inputs": "x"})
+        assert refused.status_code == 424 and "classifier" in refused.text
+        assert client.post("/predict", json={"inputs": ["a", "b", "c"]}).status_code == 422
+        assert client.post("/rerank", json={"query": "a", "texts": ["b"]}).status_code == 424

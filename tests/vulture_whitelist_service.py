@@ -12,7 +12,7 @@ get_document, get_documents, healthz, predict, readyz, reembed_collection, reloa
 
 # pydantic reads model_config and calls the validators; fields clients send or read, or exports record
 model_config
-_._lift_parameters, _._one_query_kind, _._unique_ids, _._pairs, _._one_prompt
+_._lift_parameters, _._one_query_kind, _._unique_ids, _._pairs, _._one_prompt, _._sequences
 added, deleted, embedding, total_tokens, usage, user, parameters
 base_model, created_at, opset, outputs, pad_token, parity_max_abs_diff, pooling, training
 

@@ -131,8 +131,8 @@ LEAN_PATHS = ("/embed", "/v1/embeddings")
 
 
 def prepare_default_collection(index, settings: Settings, model: str, info):
-    """Make the default collection, stamped by the default model, if absent (none for a reranker)."""
-    if info.is_cross_encoder:  # no vectors to index: no default collection (see default_collection)
+    """Make the default collection, stamped by the default model, if absent (none for a reranker or classifier)."""
+    if not info.gives_embeddings:  # no vectors to index: no default collection (see default_collection)
         return index
     stamp = ModelStamp(model, info.graph_sha256)
     index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp),

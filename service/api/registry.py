@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
+import numpy as np
+
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, InvalidInput, ModelInfo, TokenBatch, WrongModelType
 from service.metrics import ApiMetrics, observe_all
@@ -70,9 +72,8 @@ class ServedModel:
                     prompt_name: str | None = None, instruction: str | None = None) -> EmbedResult:
         """Texts, each after its prompt (`prompt`), or inputs already tokenised as the model's own token ids
         (taken as they are: no prompt applies to them, and naming one is refused)."""
-        if self.info.is_cross_encoder:
-            raise WrongModelType(f"model {self.info.model} is a reranker (cross-encoder): it scores (query, text) "
-                                 "pairs at /rerank and gives no embeddings")
+        if not self.info.gives_embeddings:
+            raise WrongModelType(f"model {self.info.model} is {self.info.described}, and gives no embeddings")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():
             start = time.perf_counter()
@@ -147,6 +148,34 @@ class ServedModel:
                                                    sum(map(len, texts)), pairs, truncation_direction)
             if not truncate:
                 check_truncation(original, self.info.max_seq_length, "texts[{}] with the query")
+            return await self._infer(batch, False, timeout_s, time.perf_counter() - start)
+
+    async def classify(self, inputs: list[str | tuple[str, str]], *, truncate: bool | None = None,
+                       truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
+        """A classifier's logit of each label for each text or (text, text) pair, [n, labels], in order."""
+        if not self.info.is_classifier:
+            raise WrongModelType(f"model {self.info.model} is {self.info.described}, not a classifier")
+        truncate = self.auto_truncate if truncate is None else truncate
+        with self._holding():
+            start = time.perf_counter()
+            singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+            pairs = [i for i, x in enumerate(inputs) if not isinstance(x, str)]
+            for i in singles:
+                check_texts([cast(str, inputs[i])], f"inputs[{i}]")
+            for i in pairs:
+                check_texts(list(inputs[i]), f"inputs[{i}]")
+            chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in inputs)
+            parts, originals = [], []
+            for rows, encode in ((singles, self.tokenizer.encode), (pairs, self.tokenizer.encode_pairs)):
+                if rows:
+                    batch, original = await self._tokenize(encode, chars, [inputs[i] for i in rows],
+                                                           truncation_direction)
+                    parts.append(batch)
+                    originals.append(original)
+            order = np.argsort(np.array(singles + pairs), kind="stable")  # back to the inputs' order
+            batch = TokenBatch.concat(parts).take(order)
+            if not truncate:
+                check_truncation(np.concatenate(originals)[order], self.info.max_seq_length)
             return await self._infer(batch, False, timeout_s, time.perf_counter() - start)
 
     @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
@@ -26,6 +26,8 @@ class _TeiRequest(BaseModel):
 
     parameters: dict[str, Any] | None = Field(None, description="huggingface_hub's InferenceClient puts "
                                               "options here; they count as top-level fields")
+    model: str | None = Field(None, description="which of the served models (GET /info: `models`) answers, as "
+                              "OpenAI's `model` picks one; unset: the default model (an extension: TEI serves one)")
 
     @model_validator(mode="before")
     @classmethod
@@ -100,6 +102,49 @@ class RerankRequest(_TeiRequest):
     raw_scores: StrictBool = Field(False, description="a cross-encoder's logits instead of their sigmoid; "
                                    "cosine scores (bi-encoder) are the raw scores")
     return_text: StrictBool = False
+
+
+class PredictRequest(_TeiRequest):
+    """TEI's /predict body: one text, one pair [text, text], or a batch of both [[text], [text, text], ...]."""
+
+    inputs: str | NonEmpty[str] | NonEmpty[NonEmpty[str]] = Field(
+        description="a text, a pair of texts, or a batch of texts ([text]) and pairs ([text, text])",
+        examples=["I like you.", ["A man plays.", "Someone makes music."], [["I like you."], ["Hi", "Hello"]]])
+    truncate: StrictBool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    raw_scores: StrictBool = Field(False, description="the logits instead of their softmax over the labels (a "
+                                   "sigmoid each for a multi-label model)")
+
+    @field_validator("inputs")
+    @classmethod
+    def _sequences(cls, inputs):
+        if isinstance(inputs, list) and inputs and isinstance(inputs[0], list):
+            bad = next((i for i, x in enumerate(inputs) if len(x) not in (1, 2)), None)
+            if bad is not None:
+                raise ValueError(f"inputs[{bad}] holds {len(inputs[bad])} texts: a batch item is [text] or "
+                                 "[text, text]")
+        elif isinstance(inputs, list) and len(inputs) > 2:
+            raise ValueError(f"{len(inputs)} texts: one input is a text or a pair [text, text]; a batch is "
+                             "[[text], [text, text], ...]")
+        return inputs
+
+    @property
+    def batched(self) -> bool:
+        return isinstance(self.inputs, list) and isinstance(self.inputs[0], list)
+
+    @property
+    def sequences(self) -> list[str | tuple[str, str]]:
+        """Each input as a text or a (text, text) pair."""
+        items = cast(list[str | list[str]], self.inputs if self.batched else [self.inputs])
+        out: list[str | tuple[str, str]] = []
+        for x in items:
+            out.append(x if isinstance(x, str) else x[0] if len(x) == 1 else (x[0], x[1]))
+        return out
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
 
 
 class RerankHit(BaseModel):

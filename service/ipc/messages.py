@@ -110,12 +110,27 @@ class ModelInfo:
     manifest: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids a client sends must be below it
     graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
-    kind: str = "embedding"  # or "cross-encoder": one score per row, as a [n, 1] "vector"
+    kind: str = "embedding"  # "cross-encoder": one score per row, as a [n, 1] "vector"; "classifier": [n, labels]
     max_batch_tokens: int = 0  # the engine's pass budget, as /info reports it
 
     @property
     def is_cross_encoder(self) -> bool:
         return self.kind == "cross-encoder"
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.kind == "classifier"
+
+    @property
+    def gives_embeddings(self) -> bool:
+        return self.kind == "embedding"
+
+    @property
+    def described(self) -> str:
+        """What the model is and where it answers, for the refusals of the routes it cannot serve."""
+        return {"cross-encoder": "a reranker (cross-encoder): it scores (query, text) pairs at /rerank",
+                "classifier": "a classifier: it labels texts and text pairs at /predict"}.get(
+                    self.kind, "an embedding model")
 
 
 @dataclass

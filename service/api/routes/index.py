@@ -41,8 +41,8 @@ def model_stamp(request: Request, name: str | None = None) -> ModelStamp:
     reg = registry(request)
     name = reg.resolve(name)
     info = reg.get(name).info
-    if info.is_cross_encoder:
-        raise WrongModelType(f"model {name} is a reranker (cross-encoder): it makes no vectors to index; create the "
+    if not info.gives_embeddings:
+        raise WrongModelType(f"model {name} is {info.described}; it makes no vectors to index: create the "
                              "collection with vectors_only, or name an embedding model")
     return ModelStamp(name, info.graph_sha256)
 

@@ -54,9 +54,13 @@ async def metrics(request: Request):
 
 
 def _model_type(info) -> dict:
-    """TEI's: a reranker is a one-label sequence classifier, an embedder says its pooling."""
+    """TEI's: a reranker is a one-label sequence classifier, a classifier names its labels, an embedder says its
+    pooling."""
     if info.is_cross_encoder:
         return {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+    if info.is_classifier:
+        id2label = info.manifest.get("id2label") or {}
+        return {"classifier": {"id2label": id2label, "label2id": {label: int(i) for i, label in id2label.items()}}}
     return {"embedding": {"pooling": info.manifest.get("pooling", "mean")}}
 
 

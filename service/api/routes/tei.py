@@ -22,12 +22,12 @@ router = APIRouter(tags=["embeddings"])
 
 async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
                       truncate: bool | None = None, direction: str = "Right", prompt_name: str | None = None,
-                      instruction: str | None = None):
+                      instruction: str | None = None, model_name: str | None = None):
     check_batch(request, len(texts), field)
     empty = next((i for i, text in enumerate(texts) if not text), None)
     if empty is not None:  # as TEI answers: 422, the input named
         raise ApiError(422, f"{field}[{empty}] is empty: every input needs text", "Validation", param=field)
-    return await model(request).embed(texts, normalize=normalize, truncate=truncate,
+    return await model(request, model_name).embed(texts, normalize=normalize, truncate=truncate,
                                        truncation_direction=direction.lower(), prompt_name=prompt_name,
                                        instruction=instruction)
 
@@ -38,7 +38,7 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     start = time.perf_counter()
     result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
                                direction=req.truncation_direction, prompt_name=req.prompt_name,
-                               instruction=req.instruction)
+                               instruction=req.instruction, model_name=req.model)
     vectors = matryoshka(result.vectors, req.dimensions, req.normalize)
     return NumpyJSONResponse(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
@@ -48,7 +48,7 @@ async def similarity(req: schemas.SimilarityRequest, request: Request):
     """Cosine similarity between inputs.source_sentence and each of inputs.sentences, in order."""
     texts = [req.inputs.source_sentence, *req.inputs.sentences]
     result = await embed_texts(request, texts, "sentences", truncate=req.truncate, direction=req.truncation_direction,
-                               prompt_name=req.prompt_name, instruction=req.instruction)
+                               prompt_name=req.prompt_name, instruction=req.instruction, model_name=req.model)
     return NumpyJSONResponse(result.vectors[1:] @ result.vectors[0], headers=timing_headers(result))
 
 
@@ -64,7 +64,7 @@ async def rerank(req: schemas.RerankRequest, request: Request):
     (query, text) pair itself (its logit through the activation the model names, a sigmoid by default, or
     the logit with raw_scores, as TEI); an
     embedding export scores by cosine similarity to the query."""
-    served = model(request)
+    served = model(request, req.model)
     if served.info.is_cross_encoder:
         check_batch(request, len(req.texts), "texts")
         result = await served.rerank(req.query, req.texts, truncate=req.truncate,
@@ -74,7 +74,7 @@ async def rerank(req: schemas.RerankRequest, request: Request):
             scores = SCORE_ACTIVATIONS[served.info.manifest.get("score_activation", "Sigmoid")](scores)
     else:
         result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
-                                   direction=req.truncation_direction)
+                                   direction=req.truncation_direction, model_name=req.model)
         scores = result.vectors[1:] @ result.vectors[0]
     order = np.argsort(-scores, kind="stable")
     hits = [{"index": int(i), "score": float(scores[i]), **({"text": req.texts[i]} if req.return_text else {})}
@@ -82,12 +82,35 @@ async def rerank(req: schemas.RerankRequest, request: Request):
     return NumpyJSONResponse(hits, headers=timing_headers(result))
 
 
+@router.post("/predict", response_model=list[schemas.Prediction] | list[list[schemas.Prediction]])
+async def classify(req: schemas.PredictRequest, request: Request):
+    """A sequence classifier's labels for each text or pair, best first, as TEI answers: the softmax of the
+    logits over the labels (a sigmoid each for a multi-label model), or the logits with raw_scores. One input
+    gets one list, a batch a list per input."""
+    served = model(request, req.model)
+    sequences = req.sequences
+    check_batch(request, len(sequences), "inputs")
+    result = await served.classify(sequences, truncate=req.truncate,
+                                   truncation_direction=req.truncation_direction.lower())
+    scores = result.vectors.astype(np.float64)
+    if not req.raw_scores and served.info.manifest.get("multi_label"):
+        scores = SCORE_ACTIVATIONS["Sigmoid"](scores)
+    elif not req.raw_scores:
+        scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+        scores /= scores.sum(axis=1, keepdims=True)
+    labels = served.info.manifest.get("id2label") or {}
+    answers = [[{"score": float(row[j]), "label": labels.get(str(j), f"LABEL_{j}")}
+                for j in np.argsort(-row, kind="stable")] for row in scores]
+    return NumpyJSONResponse(answers if req.batched else answers[0], headers=timing_headers(result))
+
+
 @router.post("/tokenize", response_model=list[list[schemas.Token]])
 async def tokenize(req: schemas.TokenizeRequest, request: Request):
     """The model's tokens for each input after its prompt, as /embed tokenises it, with character spans into
     the prompted text (special tokens have none)."""
     check_batch(request, len(req.texts), "inputs")
-    return NumpyJSONResponse(await run_in_threadpool(model(request).token_details, req.texts, req.add_special_tokens,
+    served = model(request, req.model)
+    return NumpyJSONResponse(await run_in_threadpool(served.token_details, req.texts, req.add_special_tokens,
                                                      req.prompt_name, req.instruction))
 
 

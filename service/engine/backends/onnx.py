@@ -11,7 +11,7 @@ import numpy as np
 from service.engine.backends.base import BackendError, bucketed_rows, pad_batch, padded_length
 from service.engine.backends.cpu import physical_cores
 from service.ipc.messages import ModelInfo, TokenBatch
-from service.manifest import CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
+from service.manifest import EMBEDDING, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 from service.tokenization import Tokenizer
 
 log = logging.getLogger("sembed.backend")
@@ -77,8 +77,8 @@ class OnnxBackend:
             entry.get("quality", {}).get("golden_embeddings")
         recorded_on = entry.get("quality", {}).get("measured_on", "cpu")  # fp32's: torch on the export's CPU
         self._golden_tolerance = GOLDEN_TOLERANCE if recorded_on == device else OTHER_DEVICE_GOLDEN_TOLERANCE
-        self.cross_encoder = self.manifest.kind == CROSS_ENCODER
-        self._outputs = [SCORE_OUTPUT] if self.cross_encoder else OUTPUTS
+        self.scorer = self.manifest.kind != EMBEDDING  # a reranker's or classifier's scores, not embeddings
+        self._outputs = [SCORE_OUTPUT] if self.scorer else OUTPUTS
 
         max_len = self.manifest.max_seq_length
         self.tokenizer = Tokenizer(export_dir)  # for its own checks; requests arrive as token ids
@@ -170,10 +170,10 @@ class OnnxBackend:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
         try:
-            if self.cross_encoder:
+            if self.scorer:  # [rows] for a reranker, [rows, labels] for a classifier
                 (scores,) = self._run_cuda(feeds, options) if self.device == "cuda" else \
                     self.session.run(self._outputs, feeds, options)
-                normalized = raw = scores.reshape(-1, 1)
+                normalized = raw = scores.reshape(len(scores), -1)
             elif self.device == "cuda":
                 normalized, raw = self._run_cuda(feeds, options)
             else:
@@ -232,7 +232,7 @@ class OnnxBackend:
         Catches what a sha256 cannot: a tokenizer.json from another model, a manifest edited by hand,
         an onnxruntime that computes differently. Also the shape and unit norms, and that the
         similarity ordering of the recorded vectors holds."""
-        if self.cross_encoder:
+        if self.scorer:
             return self._check_golden_scores()
         golden = self.manifest.golden
         if not golden or not self._golden_embeddings:
@@ -266,12 +266,12 @@ class OnnxBackend:
             log.warning("%s records no golden scores: not checked", self.info.model)
             return
         expected = np.asarray(golden["scores"], dtype=np.float32)
-        got = self.score_pairs([tuple(p) for p in golden["pairs"]])
+        got = self.score_pairs([tuple(p) for p in golden["pairs"]], all_labels=True).reshape(expected.shape)
         problems = []
         diff = float(np.abs(got - expected).max())
         if diff > GOLDEN_TOLERANCE:
             problems.append(f"golden scores differ from the recorded ones by {diff:.2e}")
-        if not np.array_equal(np.argsort(got), np.argsort(expected)):
+        if not np.array_equal(np.argsort(got, axis=0), np.argsort(expected, axis=0)):
             problems.append("the ordering of the golden pairs' scores changed")
         if problems:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
@@ -297,12 +297,13 @@ class OnnxBackend:
             out[rows] = normalized if normalize else raw
         return out
 
-    def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64) -> np.ndarray:
-        """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches."""
-        out = np.zeros(len(pairs), dtype=np.float32)
+    def score_pairs(self, pairs: list[tuple[str, str]], batch_size: int = 64, all_labels: bool = False) -> np.ndarray:
+        """A cross-encoder's score of each (first, second) pair, [n], in length-sorted batches; with `all_labels`,
+        every output of each pair, [n, dimension] (a classifier's logits)."""
+        out = np.zeros((len(pairs), self.info.dimension), dtype=np.float32)
         for rows, (scores, _) in self._in_passes(self.tokenizer.encode_pairs(list(pairs))[0], batch_size):
-            out[rows] = scores[:, 0]
-        return out
+            out[rows] = scores
+        return out if all_labels else out[:, 0]
 
     def _in_passes(self, batch: TokenBatch,
                    batch_size: int) -> Iterator[tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]:
