@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"), help="an export")
     parser.add_argument("--st-model", type=Path, default=None,
-                        help="sentence-transformers directory of the same model (default: the embedded one)")
+                        help="sentence-transformers directory of the same model (default: the export's base model, "
+                        "the embedded all-MiniLM-L6-v2 or all-mpnet-base-v2)")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--short", type=int, default=640, help="short texts per pass")
     parser.add_argument("--long", type=int, default=128, help="long texts per pass")
@@ -275,13 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     short, long = make_texts(tokenizer, args.data_dir, args.short, args.long)
     print(f"texts: {len(short)} short, {len(long)} long; batch {BATCH}; {args.rounds} rounds\n", flush=True)
 
-    st_dir = args.st_model
-    if st_dir is None:
-        from core.default_model import default_model_dir
-
-        st_dir = default_model_dir()
-    results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
+    st_dir = args.st_model
+    if st_dir is None:  # the export's own base model where it is one of ours (the embedded default, all-mpnet-base-v2)
+        from core.default_model import resolve_model
+
+        st_dir = resolve_model(manifest["base_model"])
+    results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
     # the int8 graph the service picks on this CPU (SEMBED_VARIANT=int8), in process too
     int8_name = int8_variant(manifest.get("variants") or {})
     int8_entry = manifest["variants"][int8_name] if int8_name else None

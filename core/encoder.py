@@ -22,9 +22,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 
 from core import families
-from core.pooling import FIRST_LAST_AVG, MODES, POOLINGS, LayerWeights, modes_of, name_of, pool
-
-__all__ = ["POOLINGS", "SentenceEncoder", "pool"]
+from core.pooling import FIRST_LAST_AVG, MODES, LayerWeights, modes_of, name_of, pool
 
 # What a transformer's forward takes from a tokenizer's output (offsets, overflow and the rest stay behind).
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -129,10 +127,10 @@ def read_st_modules(model_dir: str | Path) -> dict:
     """What a sentence-transformers directory says beyond its transformer, as SentenceEncoder fields.
 
     {"pooling", "layer_weights", "max_seq_length", "head", "normalize", "transformer_dir", "prompts",
-    "default_prompt_name"}, each present only
-    if the directory states it. Reads modules.json when there is one (any module besides Transformer,
-    WeightedLayerPooling, Pooling, Dense and Normalize is refused by name); a directory with only 1_Pooling/
-    and sentence_bert_config.json (an older export of ours) is read from those.
+    "default_prompt_name"}, each present only if the directory states it. Reads modules.json when there is
+    one (any module besides Transformer, WeightedLayerPooling, Pooling, Dense and Normalize is refused by
+    name); a directory with only 1_Pooling/ and sentence_bert_config.json (an older export of ours) is read
+    from those.
     """
     model_dir = Path(model_dir)
     out: dict = {}

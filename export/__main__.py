@@ -8,7 +8,8 @@ from pathlib import Path
 
 from core.cross_encoder import CrossEncoder, PairScorer, is_cross_encoder_dir, sequence_classifier_head
 from core.default_model import model_label, resolve_model
-from core.encoder import POOLINGS, SentenceEncoder
+from core.encoder import SentenceEncoder
+from core.pooling import POOLINGS
 from export.exporter import export_onnx
 
 

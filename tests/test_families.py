@@ -19,7 +19,7 @@ from export.exporter import export_onnx
 from service.engine.backends.onnx import OnnxBackend
 from service.manifest import Manifest
 from tests.conftest import REPO, free_port, wait_ready
-from tests.tiny_models import DECODERS, FAMILIES, build
+from tests.tiny_models import DECODERS, ENCODERS, FAMILIES, build
 
 TEXTS = ["Hi", "A man is playing a guitar and singing loudly.", "x " * 300, "naïve café déjà-vu", "",
          "Stocks fell sharply on Monday."]
@@ -56,6 +56,9 @@ def test_each_family_exports_as_sentence_transformers_encodes(family_exports, fa
         expected = _reference(source, prompt_name=name)
         assert np.abs(backend.encode([prompt + t for t in TEXTS]) - expected).max() <= TOLERANCE
     assert np.abs(_reference(source) - _reference(source, prompt_name="query")).max() == 0
+    # the ASCII WordPiece fast path only for BERT's own pipeline (the encoders here reuse BERT's tokenizer);
+    # byte-level BPE with left padding and an appended EOS goes to tokenizers
+    assert (backend.tokenizer.wordpiece is None) == (family not in ENCODERS)
     manifest = Manifest.load(export)
     assert (manifest.prompts, manifest.default_prompt_name) == (PROMPTS, "query")
     assert manifest.pooling == ("lasttoken" if family in DECODERS else "mean")

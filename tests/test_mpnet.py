@@ -41,6 +41,9 @@ def test_all_mpnet_base_v2_is_served_as_sentence_transformers_encodes_it(mpnet):
         got = np.array(httpx.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=120).json())
     assert got.shape == (len(TEXTS), 768)
     assert np.abs(got - expected).max() <= 1e-5
+    from service.tokenization import Tokenizer
+
+    assert Tokenizer(export).wordpiece is None  # <s> ... </s>: not BERT's pipeline, so tokenizers does it all
 
 
 def test_its_int8_passes_the_gate_with_what_the_search_keeps_in_float(mpnet):

@@ -85,7 +85,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
-from core.encoder import SentenceEncoder, model_inputs, pool
+from core.encoder import SentenceEncoder, model_inputs
+from core.pooling import pool
 from training.distributed import global_share, is_distributed
 from training.objectives.base import Objective, ObjectiveSettings
 from training.objectives.infocse_aux import (
