@@ -378,7 +378,7 @@ def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = M
     fewest between the last two counts (bisection). The wider margin of the search: a model it has to lift to
     the gate sits near it, and other texts than the gate's (make bench's long ones) score a little lower.
     Each trial is built and measured (`measure`); the graph written to `out` is the one chosen (what it keeps in
-    float for all-mpnet-base-v2: RESULTS.md "int8 for any model"). Returns what was searched: {"float_matmuls": [...],
+    float for all-mpnet-base-v2: RESULTS.md "Any model a user brings"). Returns what was searched: {"float_matmuls": [...],
     "trials": [[count, short, long], ...]}; a QualityError if even all of them in float do not pass."""
     target = min_cosine + margin
     reference = Reference(export_dir, None)
