@@ -152,12 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2"), help="our export")
     parser.add_argument("--st-model", type=Path, default=None,
-                        help="sentence-transformers directory of the same model (default: the embedded one)")
+                        help="sentence-transformers directory of the same model (default: the export's base model, "
+                        "the embedded all-MiniLM-L6-v2 or all-mpnet-base-v2)")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--anchor-python", type=Path, default=Path(".venv/anchor/bin/python"),
                         help="the anchor's environment (make bench-int8 builds it)")
     parser.add_argument("--anchor-dir", type=Path, default=Path("models/anchor"),
-                        help="where the anchor's graphs go (one folder per config)")
+                        help="where the anchor's graphs go (one folder per model and config)")
     parser.add_argument("--config", default=None, help="the anchor's config (default: the one that fits this CPU)")
     parser.add_argument("--candidate", action="append", default=[], metavar="NAME=GRAPH",
                         help="also measure this graph of ours in the service's session (GRAPH@nospin: without "
@@ -177,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     flags, arch = cpu_flags() or set(), platform.machine()
     config = args.config or anchor_config(flags, arch)
     print(machine.cpu_line(), flush=True)
+    base_model = json.loads((args.model_dir / "manifest.json").read_text())["base_model"]
     st_dir = args.st_model
-    if st_dir is None:
-        from core.default_model import default_model_dir
+    if st_dir is None:  # the export's own base model where it is one of ours (the embedded default, all-mpnet-base-v2)
+        from core.default_model import resolve_model
 
-        st_dir = default_model_dir()
-    anchor_graph = build_anchor(st_dir, config, args.anchor_dir / config, args.anchor_python)
+        st_dir = Path(resolve_model(base_model))
+    # one folder per model and config: another model's anchor is never reused
+    anchor_graph = build_anchor(st_dir, config, args.anchor_dir / Path(base_model).name / config, args.anchor_python)
 
     manifest = json.loads((args.model_dir / "manifest.json").read_text())
     tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
