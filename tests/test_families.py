@@ -281,3 +281,28 @@ def test_a_sequence_classifier_exports_and_answers_teis_predict(tmp_path):
         assert refused.status_code == 424 and "classifier" in refused.text
         assert client.post("/predict", json={"inputs": ["a", "b", "c"]}).status_code == 422
         assert client.post("/rerank", json={"query": "a", "texts": ["b"]}).status_code == 424
+
+
+def test_code_outside_transformers_runs_only_when_the_user_trusts_it(tmp_path, capsys):
+    """A model whose config maps AutoModel to its own modelling file (as NomicBERT's and JinaBERT's do) is
+    refused by name without --trust-remote-code; with it, the export runs that code and its parity check
+    still guards the graph against SentenceTransformer(trust_remote_code=True)."""
+    source = build("bert", tmp_path / "src")
+    (source / "modeling_tiny.py").write_text(
+        "from transformers import BertConfig, BertModel\n\n\n"
+        "class TinyConfig(BertConfig):\n    model_type = 'tiny_remote'\n\n\n"
+        "class TinyModel(BertModel):\n    config_class = TinyConfig\n\n"
+        "    def __init__(self, config, add_pooling_layer=False):\n"
+        "        super().__init__(config, add_pooling_layer=False)\n")
+    _edit(source / "config.json", model_type="tiny_remote", architectures=["TinyModel"],
+          auto_map={"AutoConfig": "modeling_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"})
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "no"), "--no-int8", "--no-fp16"]) == 2
+    assert "trust_remote_code" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    assert export_main(["--model", str(source), "--out", str(tmp_path / "yes"), "--no-int8", "--no-fp16",
+                        "--trust-remote-code"]) == 0
+    from sentence_transformers import SentenceTransformer
+
+    expected = SentenceTransformer(str(source), device="cpu", trust_remote_code=True).encode(
+        TEXTS, normalize_embeddings=True)
+    assert np.abs(OnnxBackend(tmp_path / "yes").encode(TEXTS) - expected).max() <= TOLERANCE
