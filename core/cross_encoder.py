@@ -18,10 +18,16 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from core.encoder import SentenceEncoder, model_inputs
+from core.encoder import SentenceEncoder, forward_inputs, model_inputs, takes_token_type_ids
 
 CONFIG_FILE = "cross_encoder.json"
 HEAD_FILE = "score_head.safetensors"
+
+
+def tokenize_pairs(tokenizer, first: list[str], second: list[str], max_length: int) -> dict[str, torch.Tensor]:
+    """Each pair as one sequence, padded to the batch's longest; too long: the longer side is cut first."""
+    return model_inputs(tokenizer(first, second, padding=True, truncation="longest_first", max_length=max_length,
+                                  return_tensors="pt"))
 
 
 def is_cross_encoder_dir(path: str | Path) -> bool:
@@ -77,19 +83,14 @@ class CrossEncoder(nn.Module):
 
     @property
     def uses_token_type_ids(self) -> bool:
-        return "token_type_ids" in self.tokenizer.model_input_names
+        return takes_token_type_ids(self.tokenizer, self.transformer)
 
     def tokenize(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
-        """Each pair as one sequence, padded to the batch's longest; too long: the longer side is cut first."""
-        batch = self.tokenizer(first, second, padding=True, truncation="longest_first",
-                               max_length=self.max_seq_length, return_tensors="pt")
-        return model_inputs(batch)
+        return tokenize_pairs(self.tokenizer, first, second, self.max_seq_length)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
-        cls = self.transformer(**kwargs, return_dict=True).last_hidden_state[:, 0]
+        cls = self.transformer(**forward_inputs(input_ids, attention_mask, token_type_ids),
+                               return_dict=True).last_hidden_state[:, 0]
         return self.classifier(self.dropout(cls)).squeeze(-1)
 
     @torch.no_grad()
@@ -178,19 +179,11 @@ class PairScorer(nn.Module):
 
     @property
     def uses_token_type_ids(self) -> bool:
-        import inspect
-
-        return ("token_type_ids" in self.tokenizer.model_input_names
-                and "token_type_ids" in inspect.signature(self.model.forward).parameters)
+        return takes_token_type_ids(self.tokenizer, self.model)
 
     def tokenize(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer(first, second, padding=True, truncation="longest_first",
-                               max_length=self.max_seq_length, return_tensors="pt")
-        return model_inputs(batch)
+        return tokenize_pairs(self.tokenizer, first, second, self.max_seq_length)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
-        logits = self.model(**kwargs, return_dict=True).logits
+        logits = self.model(**forward_inputs(input_ids, attention_mask, token_type_ids), return_dict=True).logits
         return logits[:, 0] if self.labels == 1 else logits

@@ -200,6 +200,18 @@ def model_inputs(features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v for k, v in features.items() if k in MODEL_INPUTS}
 
 
+def forward_inputs(input_ids, attention_mask, token_type_ids=None) -> dict[str, torch.Tensor]:
+    """A transformer's keyword arguments; token type ids only where the graph has them."""
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    return kwargs if token_type_ids is None else {**kwargs, "token_type_ids": token_type_ids}
+
+
+def takes_token_type_ids(tokenizer, model: nn.Module) -> bool:
+    """The tokenizer gives them and the model takes them (a decoder's tokenizer may name them, unused)."""
+    return ("token_type_ids" in tokenizer.model_input_names
+            and "token_type_ids" in inspect.signature(model.forward).parameters)
+
+
 class SentenceEncoder(nn.Module):
     """transformer → pooling → optional head. `forward` returns the *unnormalised* embedding."""
 
@@ -308,9 +320,7 @@ class SentenceEncoder(nn.Module):
 
     @property
     def uses_token_type_ids(self) -> bool:
-        """The tokenizer gives them and the model takes them (a decoder's tokenizer may name them, unused)."""
-        return ("token_type_ids" in self.tokenizer.model_input_names
-                and "token_type_ids" in inspect.signature(self.transformer.forward).parameters)
+        return takes_token_type_ids(self.tokenizer, self.transformer)
 
     def tokenize(self, texts: list[str], pairs: list[str] | None = None, max_length: int | None = None):
         """Pad to the longest in the batch and truncate to the model's limit (pairs: longest first)."""
@@ -328,10 +338,8 @@ class SentenceEncoder(nn.Module):
         return self.pooling == FIRST_LAST_AVG or self.layer_weights is not None
 
     def transformer_outputs(self, input_ids, attention_mask, token_type_ids=None, output_hidden_states=False):
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
-        return self.transformer(**kwargs, output_hidden_states=output_hidden_states, return_dict=True)
+        return self.transformer(**forward_inputs(input_ids, attention_mask, token_type_ids),
+                                output_hidden_states=output_hidden_states, return_dict=True)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         out = self.transformer_outputs(input_ids, attention_mask, token_type_ids,

@@ -324,8 +324,9 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         builders.update({name: (file, functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
                                                         precise_by=by, layers=layers))
                          for name, (file, by, layers) in quantize.INT8_GRAPHS.items()})
+    family = families.family_of(encoder.transformer.config)
     if fp16:
-        builders["fp16"] = (quantize.FP16_FILE, quantize.build_fp16)
+        builders["fp16"] = (quantize.FP16_FILE, functools.partial(quantize.build_fp16, float32_norms=family.rms_norm))
     left_out: dict[str, str] = {}
     searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)
 
@@ -344,7 +345,7 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         # onnxruntime's fusions where it has them for the family (0: the fuser reads heads and hidden size from
         # the graph, for a config that names them otherwise); a variant that cannot be built from the fused
         # graph is built from the plain one: fused or not, its quality is measured the same way below
-        fusion = families.family_of(config).ort_fusion
+        fusion = family.ort_fusion
         source = plain if fusion is None else quantize.fuse(
             plain, fused, getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0), fusion)
         for name, (file, build) in builders.items():

@@ -378,8 +378,9 @@ def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = M
     fewest between the last two counts (bisection). The wider margin of the search: a model it has to lift to
     the gate sits near it, and other texts than the gate's (make bench's long ones) score a little lower.
     Each trial is built and measured (`measure`); the graph written to `out` is the one chosen (what it keeps in
-    float for all-mpnet-base-v2: RESULTS.md "Any model a user brings"). Returns what was searched: {"float_matmuls": [...],
-    "trials": [[count, short, long], ...]}; a QualityError if even all of them in float do not pass."""
+    float for all-mpnet-base-v2: RESULTS.md "Any model a user brings"). Returns what was searched:
+    {"float_matmuls": [...], "trials": [[count, short, long], ...]}; a QualityError if even all of them in float
+    do not pass."""
     target = min_cosine + margin
     reference = Reference(export_dir, None)
     trials: list[list[float]] = []
@@ -652,18 +653,24 @@ _LAYER_NORMS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayer
                 "SkipSimplifiedLayerNormalization"}
 
 
-def build_fp16(source: Path, out: Path) -> None:
+def build_fp16(source: Path, out: Path, float32_norms: bool = False) -> None:
     """`source` (the fused graph) in float16, inputs and outputs as they were (int64 in, float32 out), so
     the service feeds and reads it as it does the fp32 graph.
 
     What does not lead to the last layer's output (mean pooling over the sequence, any head, the L2
     normalisation) stays float32: a few hundred FLOPs a row, and in float16 the served vectors come out
-    up to 2.6e-4 off unit length (measured on the default model), past what the golden check allows."""
+    up to 2.6e-4 off unit length (measured on the default model), past what the golden check allows.
+    `float32_norms`: the normalisation layers (the nodes of modules named *norm*) stay float32 too, as
+    transformers computes an RMSNorm in float32 whatever the model's dtype (the decoders', Gemma's):
+    a tiny Gemma 3 lost its fp16 gate without it (RESULTS.md "Any model a user brings")."""
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = OnnxModel(onnx.load(str(source)))
-    model.convert_float_to_float16(keep_io_types=True, node_block_list=_after_the_transformer(model.model.graph))
+    block = _after_the_transformer(model.model.graph)
+    if float32_norms:
+        block += [node.name for node in model.model.graph.node if "norm" in node.name.lower()]
+    model.convert_float_to_float16(keep_io_types=True, node_block_list=block)
     _drop_repeated_nodes(model.model.graph)
     model.save_model_to_file(str(out))  # sorts the nodes topologically, as the checker wants them
     onnx.checker.check_model(str(out))  # an invalid graph fails here, named, not when the service loads it
@@ -703,10 +710,13 @@ def _drop_repeats(entries) -> int:
 
 
 def _after_the_transformer(graph) -> list[str]:
-    """Names of the nodes the last LayerNorm's output does not depend on (none if the graph has no LayerNorm)."""
+    """Names of the nodes the last LayerNorm's output does not depend on (none if the graph has no LayerNorm).
+    A LayerNorm is one of onnxruntime's ops, or where there is none (an RMSNorm traced as plain ops), the nodes
+    of a module named *norm*."""
     nodes = list(graph.node)  # in topological order: the last LayerNorm is the last layer's
     producer = {output: i for i, node in enumerate(nodes) for output in node.output}
-    norms = [i for i, node in enumerate(nodes) if node.op_type in _LAYER_NORMS]
+    norms = ([i for i, node in enumerate(nodes) if node.op_type in _LAYER_NORMS]
+             or [i for i, node in enumerate(nodes) if "norm" in node.name.lower()])
     if not norms:
         return []
     needed, stack = set(), [norms[-1]]

@@ -16,6 +16,9 @@ class Family:
     #: onnxruntime.transformers' optimizer model_type whose fusions the int8 and fp16 variants start from
     #: (None: they are built from the plain graph)
     ort_fusion: str | None = "bert"
+    #: RMSNorm layers, which transformers computes in float32 whatever the model's dtype: the fp16 variant
+    #: keeps them so
+    rms_norm: bool = False
 
     def load_kwargs(self, config) -> dict[str, Any]:
         """Extra keyword arguments for AutoModel.from_pretrained."""

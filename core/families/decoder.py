@@ -10,4 +10,4 @@ from __future__ import annotations
 from core.families.base import Family
 
 DECODER = Family("decoder", ("qwen2", "qwen3", "mistral", "llama", "gemma", "gemma2", "phi3", "qwen3_moe"),
-                 default_pooling="lasttoken", ort_fusion=None)
+                 default_pooling="lasttoken", ort_fusion=None, rms_norm=True)

@@ -46,4 +46,4 @@ class _Gemma3(Family):
         model.forward = bidirectional_forward
 
 
-GEMMA3 = _Gemma3("gemma3", ("gemma3_text",), ort_fusion=None)  # RMSNorm: BERT's fusions do not apply
+GEMMA3 = _Gemma3("gemma3", ("gemma3_text",), ort_fusion=None, rms_norm=True)  # BERT's fusions do not apply
