@@ -14,7 +14,7 @@ from service.api.errors import ApiError
 from service.api.routes.common import registry, settings
 from service.index import ModelStamp
 from service.index.reembed import reembed
-from service.manifest import CROSS_ENCODER, EMBEDDING
+from service.manifest import CLASSIFIER, CROSS_ENCODER, EMBEDDING
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 log = logging.getLogger("sembed.admin")
@@ -33,7 +33,8 @@ class ReembedRequest(BaseModel):
     model: str | None = Field(None, description="the served model to re-embed with (unset: the default)")
 
 
-_KINDS = {EMBEDDING: "an embedding model", CROSS_ENCODER: "a cross-encoder (reranker)"}
+_KINDS = {EMBEDDING: "an embedding model", CROSS_ENCODER: "a cross-encoder (reranker)",
+          CLASSIFIER: "a sequence classifier"}
 
 
 @router.post("/models/{name}/reload")
