@@ -319,26 +319,35 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
     Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
     anything at all (a converter bug of one onnxruntime release, say), is left out with a warning, and the
     others and the verified fp32 graph are written all the same."""
-    builders: dict[str, tuple[str, Callable[[Path, Path], dict[str, Any] | None]]] = {}
-    if int8:  # what stays in float is searched per model, against the cosine gate (quantize.search_int8)
-        builders.update({name: (file, functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
-                                                        precise_by=by, layers=layers))
-                         for name, (file, by, layers) in quantize.INT8_GRAPHS.items()})
-    family = families.family_of(encoder.transformer.config)
-    if fp16:
-        builders["fp16"] = (quantize.FP16_FILE, functools.partial(quantize.build_fp16, float32_norms=family.rms_norm))
+    asked = ([name for name in quantize.INT8_GRAPHS] if int8 else []) + (["fp16"] if fp16 else [])
     left_out: dict[str, str] = {}
-    searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)
+    files = {**{name: file for name, (file, _, _) in quantize.INT8_GRAPHS.items()}, "fp16": quantize.FP16_FILE}
 
     def leave_out(name: str, reason: str, error: Exception | None = None) -> None:
         left_out[name] = reason
-        (staging / builders[name][0]).unlink(missing_ok=True)
+        (staging / files[name]).unlink(missing_ok=True)
         print(f"{name} variant left out: {reason}", file=sys.stderr)
         # a traceback only for the unexpected: a refused quality gate says all there is in its reason
         log.warning("%s variant left out: %s", name, reason, exc_info=error)
 
-    if not builders:
+    if not asked:
         return {}, left_out
+    try:
+        stsb_dev = _stsb_dev(data_dir)
+        reference = quantize.Reference(staging, stsb_dev)
+    except Exception as e:  # nothing to measure the variants against: none is built, none is kept unmeasured
+        for name in asked:
+            leave_out(name, f"measuring fp32's reference vectors failed ({_describe(e)})", e)
+        return {}, left_out
+    family = families.family_of(encoder.transformer.config)
+    # what stays in float in int8 is searched per model against the cosine gate (quantize.search_int8)
+    builders: dict[str, tuple[str, Callable[[Path, Path], dict[str, Any] | None]]] = {
+        name: (file, functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
+                                       reference=reference, precise_by=by, layers=layers))
+        for name, (file, by, layers) in quantize.INT8_GRAPHS.items() if name in asked}
+    if "fp16" in asked:
+        builders["fp16"] = (quantize.FP16_FILE, functools.partial(quantize.build_fp16, float32_norms=family.rms_norm))
+    searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)
     config = encoder.transformer.config
     plain, fused = staging / GRAPH_FILE, staging / ".fused.onnx"
     try:
@@ -353,26 +362,15 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
                 try:
                     searched[name] = build(source, staging / file)
                 except Exception as e:
-                    if source == plain or isinstance(e, quantize.QualityError):
+                    if source == plain:
                         raise
                     log.warning("%s from the fused graph failed (%s): building it from the plain one", name, e)
                     searched[name] = build(plain, staging / file)
-            except quantize.QualityError as e:
-                leave_out(name, str(e))
             except Exception as e:
                 leave_out(name, f"building it failed ({_describe(e)})", e)
     finally:
         fused.unlink(missing_ok=True)
     built = [name for name in builders if name not in left_out]
-    if not built:
-        return {}, left_out
-    try:
-        stsb_dev = _stsb_dev(data_dir)
-        reference = quantize.Reference(staging, stsb_dev)
-    except Exception as e:  # nothing to measure the variants against: none is kept unmeasured
-        for name in built:
-            leave_out(name, f"measuring fp32's reference vectors failed ({_describe(e)})", e)
-        return {}, left_out
     entries = {}
     for name in built:
         file = builders[name][0]
