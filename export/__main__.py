@@ -54,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         if "quality" in entry:
             q = entry["quality"]
             delta = "n/a (no --data-dir)" if q["stsb_dev_delta"] is None else f"{q['stsb_dev_delta']:+.2f}"
+            kept = len((entry.get("search") or {}).get("float_matmuls", []))
             print(f"  {variant}: mean cosine to fp32 {q['mean_cosine_to_fp32']:.4f} (short sentences), "
                   f"{q['mean_cosine_to_fp32_long']:.4f} (long passages), STS-B dev Spearman {delta}"
-                  f" (measured on {q['measured_on']})")
+                  f" (measured on {q['measured_on']})" + (f"; {kept} MatMuls kept in float32" if kept else ""))
     for variant, reason in (getattr(manifest, "variants_left_out", None) or {}).items():
         print(f"  {variant}: left out ({reason})")
     print(f"serve it with: MODEL_DIR={args.out} make serve")
