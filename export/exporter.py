@@ -3,7 +3,8 @@
 The graph holds the whole embedding path (transformer, pooling, head, L2 normalisation), so the
 service only tokenises and runs it. A CrossEncoder (CoSENT Eq. 11) or a Hugging Face reranker (PairScorer:
 a *ForSequenceClassification with one label) exports instead as a graph from the tokenised pair to one score
-per pair, its manifest's kind "cross-encoder" (served at /rerank).
+per pair, its manifest's kind "cross-encoder" (served at /rerank); a PairScorer with several labels as a
+classifier, every label's logit per text or pair (kind "classifier", served at /predict).
 Every export is checked against torch on padded batches of mixed lengths before the manifest is
 written: a directory with a manifest is a verified export.
 """
@@ -129,7 +130,7 @@ def export_onnx(
 ) -> Manifest:
     """Write the export directory atomically: a failed parity check leaves nothing behind.
 
-    A CrossEncoder exports as a pair scorer (manifest kind "cross-encoder"). Beside an embedding
+    A CrossEncoder or PairScorer exports as a pair scorer or classifier (`_export_cross_encoder`). Beside an embedding
     model's fp32 graph, int8 and fp16 variants (export/quantize.py) with their measured quality: one
     whose mean cosine to fp32 is under `min_cosine` on the short sentences or on the long passages, or,
     given a `data_dir` holding STS-B dev, that loses more than `max_stsb_drop` Spearman points, is left out;
