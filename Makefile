@@ -18,7 +18,7 @@ FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index mpnet \
+.PHONY: serve test test-fast export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index mpnet \
 	venv-gpu gpu-check deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
@@ -84,6 +84,11 @@ wordnet:
 
 test: venv wordnet deploy-tools
 	$(PY) -m pytest -q
+
+# The edit-test loop: everything but the end-to-end modules (tests/conftest.py E2E_MODULES: service processes,
+# training runs, deploy tools, benchmarks) and the slow opt-in ones; no apt, no deploy tools. `make test` is CI's.
+test-fast: venv
+	$(PY) -m pytest -q -m "not e2e and not slow"
 
 # The deployment files' checkers that cannot share .venv: checkov (its pins clash with the dev environment's) in a
 # venv of its own, pinned by deploy/checkov-requirements.txt; promtool from Debian's prometheus package.

@@ -19,6 +19,20 @@ SHARED_DATA = Path(os.environ.get("DATA_DIR", REPO.parent / "shared" / "data"))
 _REPO_DATA_EXISTED = (REPO / "data").exists()
 
 
+#: the end-to-end modules (`make test-fast` leaves them out, `make test` runs them): a live `python -m service`
+#: process or the image's entrypoint, a training run, the deployment tools, a benchmark, the real
+#: all-mpnet-base-v2, `make` itself
+E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_datasets", "test_deploy", "test_distributed",
+               "test_families", "test_index_durability", "test_mpnet", "test_mteb", "test_processes", "test_readme",
+               "test_resume", "test_train_smoke"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The service's default data directory is ./data: a test that let a service write there fails the run."""
     if not _REPO_DATA_EXISTED and (REPO / "data").exists():
