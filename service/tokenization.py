@@ -40,6 +40,9 @@ class TextTokenizer(Protocol):
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict[str, Any]]]:
         """TEI's /tokenize answer: per text, each token's id, text, special flag and character span."""
 
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """TEI's /decode answer: each sequence of ids as text."""
+
 
 class Tokenizer:
     def __init__(self, export_dir: str | Path):
@@ -108,6 +111,9 @@ class Tokenizer:
 
     def _batch(self, encodings, rows: list[list[int]]) -> TokenBatch:
         return TokenBatch.from_rows(rows, [e.type_ids for e in encodings] if self.needs_type_ids else None)
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return self._right.decode_batch(ids, skip_special_tokens=skip_special_tokens)
 
     def token_details(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
         out = []
@@ -254,10 +260,17 @@ class WordTokenizer:
     def __init__(self, max_seq_length: int = 32, vocab_size: int = 31000):
         self.max_seq_length = max_seq_length
         self.vocab_size = vocab_size
+        self._words: dict[int, str] = {}  # the words seen, by id: what decode gives back
 
-    @classmethod
-    def token_id(cls, word: str) -> int:
-        return cls.FAIL if word == "FAIL" else 1000 + zlib.crc32(word.encode()) % 30000
+    def token_id(self, word: str) -> int:
+        i = self.FAIL if word == "FAIL" else 1000 + zlib.crc32(word.encode()) % 30000
+        self._words.setdefault(i, word)
+        return i
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        special = {self.CLS: "[CLS]", self.SEP: "[SEP]"}
+        return [" ".join(special[i] if i in special else self._words.get(i, "[UNK]") for i in row
+                         if not (skip_special_tokens and i in special)) for row in ids]
 
     def encode(self, texts: list[str], truncation_direction: str = "right") -> tuple[TokenBatch, np.ndarray]:
         rows, original, keep = [], [], self.max_seq_length - 2

@@ -64,11 +64,25 @@ def test_tei_tokenize(client):
     assert [t["id"] for t in bare[0]] == [t["id"] for t in tokens[0][1:-1]]
 
 
+def test_tei_decode_gives_back_what_tokenize_took(client):
+    """TEI's /decode: ids (one sequence or a batch) back to text, special tokens left out unless asked for."""
+    ids = [t["id"] for t in client.post("/tokenize", json={"inputs": "A man plays the guitar."}).json()[0]]
+    assert client.post("/decode", json={"ids": ids}).json() == ["a man plays the guitar."]  # an uncased model
+    both = client.post("/decode", json={"ids": [ids, ids[:3]], "skip_special_tokens": False}).json()
+    assert both == ["[CLS] a man plays the guitar. [SEP]", "[CLS] a man"]
+    for body, field in (({"ids": [1, 30522]}, "30522"), ({"ids": []}, "ids"), ({"ids": [[1], []]}, "ids"),
+                        ({"ids": ["x"]}, "ids"), ({"ids": [-1]}, "-1")):
+        refused = client.post("/decode", json=body)
+        assert refused.status_code == 422 and field in refused.text, (body, refused.text)
+
+
 def test_tei_info_fields(client, live_service):
     info = client.get("/info").json()
     for field in ("model_id", "model_sha", "model_dtype", "model_type", "max_concurrent_requests",
-                  "max_input_length", "max_batch_tokens", "max_client_batch_size", "auto_truncate", "version"):
+                  "max_input_length", "max_batch_tokens", "max_client_batch_size", "auto_truncate", "version",
+                  "served_model_name"):
         assert field in info, field
+    assert info["served_model_name"] == "all-MiniLM-L6-v2"
     assert info["max_input_length"] == 256 and info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert client.get("/health").status_code == 200
 

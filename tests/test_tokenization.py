@@ -104,3 +104,13 @@ def test_a_fast_path_that_differs_on_the_probe_is_not_used(default_export, monke
     with caplog.at_level("WARNING", logger="sembed.tokenization"):
         assert Tokenizer(default_export).wordpiece is None
     assert "differs from tokenizers" in caplog.text
+
+
+def test_the_fake_backends_tokenizer_decodes_the_words_it_gave_ids():
+    from service.tokenization import WordTokenizer
+
+    tokenizer = WordTokenizer()
+    batch, _ = tokenizer.encode(["a cat sat", "FAIL here"])
+    rows = [batch.row(i).tolist() for i in range(len(batch))]
+    assert tokenizer.decode(rows) == ["a cat sat", "FAIL here"]
+    assert tokenizer.decode([rows[0], [5]], skip_special_tokens=False) == ["[CLS] a cat sat [SEP]", "[UNK]"]

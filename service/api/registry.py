@@ -193,6 +193,15 @@ class ServedModel:
         prompt = self.prompt(prompt_name, instruction).text
         return self.tokenizer.token_details([prompt + text for text in texts] if prompt else texts, add_special_tokens)
 
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Each sequence of the model's token ids as text; an id outside the vocabulary is refused, named."""
+        vocab = self.info.vocab_size or self.tokenizer.vocab_size
+        for i, row in enumerate(ids):
+            bad = next((t for t in row if t < 0 or (vocab is not None and t >= vocab)), None)
+            if bad is not None:
+                raise InvalidInput(f"ids[{i}] holds {bad}, outside the model's vocabulary of {vocab}")
+        return self.tokenizer.decode(ids, skip_special_tokens)
+
     async def _tokenize(self, encode, chars: int, inputs, direction: str):
         if chars <= self.tokenizer.inline_chars:
             return encode(inputs, direction)

@@ -164,6 +164,18 @@ class TokenizeRequest(_TeiRequest, _Prompted):
         return _as_list(self.inputs)
 
 
+class DecodeRequest(_TeiRequest):
+    """TEI's /decode body: the model's token ids back to text."""
+
+    ids: NonEmpty[int] | NonEmpty[NonEmpty[int]] = Field(description="one sequence of token ids, or a batch",
+                                                          examples=[[101, 1037, 2158, 3248, 102]])
+    skip_special_tokens: StrictBool = Field(True, description="leave out [CLS], [SEP] and the like")
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        return cast(list[list[int]], self.ids if isinstance(self.ids[0], list) else [self.ids])
+
+
 class Token(BaseModel):
     id: int
     text: str

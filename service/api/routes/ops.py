@@ -84,6 +84,7 @@ async def info(request: Request):
     manifest = served.info.manifest
     return {
         "model_id": served.info.manifest.get("base_model", served.info.model),
+        "served_model_name": registry.name_of(served),  # what `model` fields name it by
         "model_sha": manifest.get("onnx_sha256"),
         "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[served.info.variant.split("-")[0]],
         "model_type": _model_type(served.info),

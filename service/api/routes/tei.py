@@ -114,6 +114,15 @@ async def tokenize(req: schemas.TokenizeRequest, request: Request):
                                                      req.prompt_name, req.instruction))
 
 
+@router.post("/decode", response_model=list[str])
+async def decode(req: schemas.DecodeRequest, request: Request):
+    """The model's token ids back to text, one string per sequence (TEI's /decode)."""
+    sequences = req.sequences
+    check_batch(request, len(sequences), "ids")
+    served = model(request, req.model)
+    return NumpyJSONResponse(await run_in_threadpool(served.decode, sequences, req.skip_special_tokens))
+
+
 @router.post("/", summary="Embed or compare, by the body's shape",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                  "anyOf": [{"$ref": "#/components/schemas/EmbedRequest"},
