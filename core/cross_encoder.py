@@ -156,10 +156,7 @@ class PairScorer(nn.Module):
             raise ValueError(f"unsupported CrossEncoder activation {activation_path!r} in {path}: known "
                              f"{', '.join(SCORE_ACTIVATIONS)}")
         tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, **remote)
-        limit = families.family_of(config).position_limit(config)
-        if max_seq_length and limit and max_seq_length > limit:
-            raise ValueError(f"max_seq_length {max_seq_length} is past {config.model_type}'s position table: it "
-                             f"takes at most {limit} tokens")
+        limit = families.family_of(config).checked_limit(config, max_seq_length)
         # CrossEncoder's length: the tokenizer's model_max_length (512 where it states none sensibly)
         own = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
         length = max_seq_length or min(own, limit or own)

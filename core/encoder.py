@@ -283,10 +283,7 @@ class SentenceEncoder(nn.Module):
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
             # a decoder's tokenizer may have none: any id does where the attention mask hides it
             tokenizer.pad_token = tokenizer.eos_token
-        limit = family.position_limit(config)
-        if max_seq_length and limit and max_seq_length > limit:
-            raise ValueError(f"max_seq_length {max_seq_length} is past {config.model_type}'s position table: it takes "
-                             f"at most {limit} tokens")
+        limit = family.checked_limit(config, max_seq_length)
         max_len = max_seq_length or st.get("max_seq_length") or min(DEFAULT_MAX_SEQ_LENGTH, limit or 1 << 30)
         if pooling and st.get("pooling") and pooling != st["pooling"]:
             # a trained model's vectors come from its own pooling: all-MiniLM-L6-v2 with cls pooling retrieves far

@@ -342,12 +342,12 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         return {}, left_out
     family = families.family_of(encoder.transformer.config)
     # what stays in float in int8 is searched per model against the cosine gate (quantize.search_int8)
-    builders: dict[str, tuple[str, Callable[[Path, Path], dict[str, Any] | None]]] = {
-        name: (file, functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
-                                       reference=reference, precise_by=by, layers=layers))
-        for name, (file, by, layers) in quantize.INT8_GRAPHS.items() if name in asked}
+    builders: dict[str, Callable[[Path, Path], dict[str, Any] | None]] = {
+        name: functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine, reference=reference,
+                                precise_by=by, layers=layers)
+        for name, (_, by, layers) in quantize.INT8_GRAPHS.items() if name in asked}
     if "fp16" in asked:
-        builders["fp16"] = (quantize.FP16_FILE, functools.partial(quantize.build_fp16, float32_norms=family.rms_norm))
+        builders["fp16"] = functools.partial(quantize.build_fp16, float32_norms=family.rms_norm)
     searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)
     config = encoder.transformer.config
     plain, fused = staging / GRAPH_FILE, staging / ".fused.onnx"
@@ -358,15 +358,15 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
         fusion = family.ort_fusion
         source = plain if fusion is None else quantize.fuse(
             plain, fused, getattr(config, "num_attention_heads", 0), getattr(config, "hidden_size", 0), fusion)
-        for name, (file, build) in builders.items():
+        for name, build in builders.items():
             try:
                 try:
-                    searched[name] = build(source, staging / file)
+                    searched[name] = build(source, staging / files[name])
                 except Exception as e:
                     if source == plain:
                         raise
                     log.warning("%s from the fused graph failed (%s): building it from the plain one", name, e)
-                    searched[name] = build(plain, staging / file)
+                    searched[name] = build(plain, staging / files[name])
             except Exception as e:
                 leave_out(name, f"building it failed ({_describe(e)})", e)
     finally:
@@ -374,7 +374,7 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
     built = [name for name in builders if name not in left_out]
     entries = {}
     for name in built:
-        file = builders[name][0]
+        file = files[name]
         path = staging / file
         try:
             quality = quantize.measure(staging, file, stsb_dev, reference)

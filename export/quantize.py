@@ -2,7 +2,8 @@
 
 Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`), once for both:
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
-  and the fused attention, the feed-forward outputs of layers 0-2 with their inputs scaled per row first; two
+  and the fused attention (but those a model needs in float to pass the gate: `search_int8`), the
+  feed-forward outputs of layers 0-2 with their inputs scaled per row first; two
   fusions that the CPU provider runs slowly split back (`build_int8` says which and why). One graph for every
   CPU (`INT8_GRAPHS` says why): older exports wrote it as int8-avx2, beside a by-blocks int8 for VNNI CPUs, and
   the engine serves int8-avx2 from those (service/engine/backends/cpu.py);
@@ -316,16 +317,17 @@ def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[
 def local_int8_errors(source: Path, export_dir: Path, texts: list[str],
                       row_scaled_nodes: set[str] = frozenset()) -> dict[str, float]:
     """Each constant-weight MatMul of `source`'s relative error ‖x̂Ŵ − xW‖ / ‖xW‖ (per token, averaged) when only
-    it is quantised as
-    `build_int8` quantises it (its input uint8 with one scale per tensor, rows scaled to 1 first where it is
-    row-scaled; its weight per output channel, 7 bits), on the float graph's own activations for `texts` padded as
-    one batch: how much each GEMM loses by itself, from one run of the float graph."""
+    it is quantised as `build_int8` quantises it (its input uint8 with one scale per tensor, rows scaled to 1 first
+    where it is row-scaled; its weight per output channel, 7 bits), on the float graph's own activations for
+    `texts` tokenised and padded as one batch as the service does: how much each GEMM loses by itself, from one run
+    of the float graph."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
-    from tokenizers import Tokenizer as HfTokenizer
 
+    from service.engine.backends.base import pad_batch
     from service.manifest import Manifest
+    from service.tokenization import Tokenizer
 
     model = onnx.load(str(source))
     weights = {init.name: init for init in model.graph.initializer}
@@ -336,13 +338,9 @@ def local_int8_errors(source: Path, export_dir: Path, texts: list[str],
         if name not in known:
             model.graph.output.append(onnx.ValueInfoProto(name=name))
     manifest = Manifest.load(export_dir)
-    tokenizer = HfTokenizer.from_file(str(export_dir / "tokenizer.json"))
-    tokenizer.enable_truncation(manifest.max_seq_length)
-    tokenizer.enable_padding(pad_id=manifest.pad_token_id, pad_token=manifest.pad_token)
-    encodings = tokenizer.encode_batch(texts)
-    columns = {"input_ids": [e.ids for e in encodings], "attention_mask": [e.attention_mask for e in encodings],
-               "token_type_ids": [e.type_ids for e in encodings]}
-    feeds = {name: np.array(columns[name], dtype=np.int64) for name in manifest.inputs}
+    batch = Tokenizer(export_dir).encode(texts)[0]  # as the service tokenises and pads them
+    feeds = pad_batch(batch, int(batch.lengths.max()), manifest.pad_token_id)
+    feeds = {name: feeds[name] for name in manifest.inputs}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     inputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     errors = {}

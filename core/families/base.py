@@ -29,5 +29,13 @@ class Family:
         limit = getattr(config, "max_position_embeddings", None)
         return limit if isinstance(limit, int) and limit > 0 else None
 
+    def checked_limit(self, config, asked: int | None) -> int | None:
+        """`position_limit`, after refusing an `asked` max_seq_length past it (a ValueError naming the limit)."""
+        limit = self.position_limit(config)
+        if asked and limit and asked > limit:
+            raise ValueError(f"max_seq_length {asked} is past {config.model_type}'s position table: it takes at "
+                             f"most {limit} tokens")
+        return limit
+
     def prepare(self, model) -> None:
         """Anything the model needs before it is run or traced (in place)."""
