@@ -1,9 +1,9 @@
 """What differs between model families, one module each (as TEI's backends/candle/src/models/): how far the
 position table reaches, what a plain Hugging Face checkpoint pools by, how the model is loaded and traced.
 
-`family_of(config)` finds a config's family by its model_type; a model_type no module names is an
-`Encoder` with the defaults, which is what most architectures transformers has natively are. Conditions on
-model_type live here, nowhere else.
+`family_of(config)` finds a config's family by its model_type; a model_type no module names gets `GENERIC`,
+the base `Family`'s defaults (a bidirectional encoder pooled by its mean). Conditions on model_type live here,
+nowhere else.
 """
 
 from __future__ import annotations
