@@ -84,8 +84,10 @@ class Settings(BaseSettings):
 
     # --- access ---------------------------------------------------------------------------------
     api_keys: str | None = Field(None, description="comma-separated keys; set, every route but the probes "
-                                 "needs Authorization: Bearer <key>")
-    api_keys_file: Path | None = Field(None, description="more keys, one per line (a mounted secret)")
+                                 "needs Authorization: Bearer <key>; no key here nor in the file: the service is "
+                                 "open, and a WARNING at start says so")
+    api_keys_file: Path | None = Field(None, description="more keys, one per line (a mounted secret); named "
+                                       "but missing: the service does not start")
     admin_api_keys: str | None = Field(None, description="keys for /admin/ routes (model reload); unset: those "
                                        "routes are refused")
     admin_api_keys_file: Path | None = Field(None, description="more admin keys, one per line (a mounted secret)")

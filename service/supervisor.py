@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from service.api.auth import ApiKeys
 from service.api.topology import ModelEndpoint, Topology
 from service.manifest import Manifest
 from service.settings import MEMORY_ONLY, Settings
@@ -349,13 +350,26 @@ def main() -> None:
     raise SystemExit(Supervisor(settings).run())
 
 
+def api_keys(settings: Settings) -> ApiKeys:
+    """The keys every API process will load; a key file that is named but unreadable stops the start, here, once
+    (closed, not open: a missing file never means "no keys")."""
+    try:
+        return ApiKeys.load(settings.api_keys, settings.api_keys_file, admin_keys=settings.admin_api_keys,
+                            admin_keys_file=settings.admin_api_keys_file)
+    except OSError as e:
+        raise SystemExit(f"cannot read an API key file ({e}): SEMBED_API_KEYS_FILE / SEMBED_ADMIN_API_KEYS_FILE "
+                         "name a file that must exist; unset them to run without keys") from e
+
+
 def startup_warnings(settings: Settings) -> list[str]:
     """What an operator should not learn from an incident: an open door, or an index that a restart empties."""
     warnings = []
-    if settings.host not in ("127.0.0.1", "::1", "localhost") and not (settings.api_keys or settings.api_keys_file):
-        warnings.append(f"listening on {settings.host}:{settings.port} with no API key: anyone who reaches this "
-                        "port can embed, search and write the index (set SEMBED_API_KEYS or SEMBED_API_KEYS_FILE, "
-                        "or SEMBED_HOST=127.0.0.1)")
+    keys = api_keys(settings)
+    if settings.host not in ("127.0.0.1", "::1", "localhost") and keys.open:
+        admin = "open to the admin keys" if keys.admin_open else "closed (no SEMBED_ADMIN_API_KEYS)"
+        warnings.append(f"OPEN SERVICE: listening on {settings.host}:{settings.port} with no API key: anyone who "
+                        "reaches this port can embed, search and write the index (set SEMBED_API_KEYS or "
+                        f"SEMBED_API_KEYS_FILE to close it, or SEMBED_HOST=127.0.0.1); /admin/ routes are {admin}")
     if settings.index_backend == "local" and settings.index_location() is None:
         warnings.append(f"the index lives in memory only (SEMBED_INDEX_PATH={MEMORY_ONLY}): every collection and "
                         "document is gone when the service stops; unset it to keep them under SEMBED_DATA_DIR "

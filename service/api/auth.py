@@ -29,6 +29,16 @@ class ApiKeys:
         self._admin = [k.encode() for k in admin_keys if k]
         self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())
 
+    @property
+    def open(self) -> bool:
+        """No key at all: every route but /admin/ answers anyone (said at start: service.supervisor)."""
+        return not self._keys
+
+    @property
+    def admin_open(self) -> bool:
+        """An admin key is set: /admin/ answers its holders (no admin key: /admin/ refuses everyone)."""
+        return bool(self._admin)
+
     @classmethod
     def load(cls, keys: str | None, keys_file: Path | None, *, admin_keys: str | None = None,
              admin_keys_file: Path | None = None, metrics_public: bool = True) -> ApiKeys:
