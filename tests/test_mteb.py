@@ -1,7 +1,7 @@
 """MTEB 2 against the live service: mteb's own `OpenAIAPIEncodeWrapper` (/v1/models, /v1/embeddings) and our
 `MtebServiceEncoder` (/embed) through `mteb.evaluate`, on a small STS task read from the local STS-B files.
 
-The code run is the README's block itself ("Switching from TEI or the OpenAI API"), once per session: the
+The code run is docs/evaluation.md's block itself ("MTEB"), once per session: the
 live URL put in, `mteb.get_task` answering with the local task, in a temporary folder (mteb's cache and
 results go there), with every name lookup or connection to anything but this machine failing the tests
 (the Hugging Face hub is never asked). Each main score must equal the Spearman that `evaluation.sts`
@@ -20,13 +20,13 @@ import pytest
 pytestmark = pytest.mark.mteb
 
 PAIRS = 300  # the first pairs of STS-B test: seconds per evaluation
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "evaluation.md"
 URL = "http://localhost:8080"
 
 
 def readme_block() -> str:
-    match = re.search(r"<!-- mteb-snippet -->\n```python\n(.*?)```", README.read_text(), re.S)
-    assert match, "README.md has no <!-- mteb-snippet --> python block"
+    match = re.search(r"<!-- mteb-snippet -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    assert match, "docs/evaluation.md has no <!-- mteb-snippet --> python block"
     return match.group(1)
 
 
@@ -121,7 +121,7 @@ def expected_spearman(stsb_sample, live_service) -> float:
 
 @pytest.fixture(scope="module")
 def readme_run(live_service, stsb_sample, tmp_path_factory):
-    """The README block's globals after running it (`results`: class name → mteb ModelResult) and its folder."""
+    """The doc block's globals after running it (`results`: class name → mteb ModelResult) and its folder."""
     code = readme_block()
     assert code.count(URL) == 2
     workdir = tmp_path_factory.mktemp("mteb")
@@ -134,7 +134,7 @@ def readme_run(live_service, stsb_sample, tmp_path_factory):
 
         task = make_task(stsb_sample)
         mp.setattr(mteb, "get_task", lambda name: task if name == "STSBenchmark" else pytest.fail(name))
-        exec(compile(code.replace(URL, live_service.url), str(README), "exec"), namespace)
+        exec(compile(code.replace(URL, live_service.url), str(DOC), "exec"), namespace)
     assert not attempts, f"mteb tried the network: {attempts}"
     return namespace, workdir
 
@@ -150,7 +150,7 @@ def test_readme_block_evaluates_both_clients(readme_run, stsb_sample):
     namespace, workdir = readme_run
     assert set(namespace["results"]) == {"OpenAIAPIEncodeWrapper", "MtebServiceEncoder"}
     written = sorted(p.parent.parent.name for p in (workdir / "results" / "mteb").rglob(f"{stsb_sample.name}.json"))
-    assert written == ["all-MiniLM-L6-v2", "sembed__all-MiniLM-L6-v2"]  # under the README's cache folder
+    assert written == ["all-MiniLM-L6-v2", "sembed__all-MiniLM-L6-v2"]  # under the block's cache folder
 
 
 def test_mteb_openai_wrapper_on_the_service(readme_run, expected_spearman):

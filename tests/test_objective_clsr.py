@@ -293,9 +293,10 @@ def test_identity_init_starts_at_the_base_model_and_saves_as_dense(tiny_encoder,
         CLSR(tiny_encoder, CLSRSettings(identity_init=True, output_relu=True))
 
 
-def test_readmes_supervised_recipe_is_the_quick_preset_without_a_hand_set_lr():
-    """The README's CLSR command on the supervised twin runs the quick preset's own lr (the one that gained there,
-    RESULTS.md issue 23), so the user who types it needs no --set lr= and the preset and README cannot drift."""
+def test_the_training_guides_supervised_recipe_is_the_quick_preset_without_a_hand_set_lr():
+    """The training guide's CLSR command on the supervised twin (docs/training.md) runs the quick preset's own lr
+    (the one that gained there, RESULTS.md issue 23), so the user who types it needs no --set lr= and the preset
+    and the guide cannot drift."""
     import re
     import shlex
     from pathlib import Path
@@ -303,10 +304,10 @@ def test_readmes_supervised_recipe_is_the_quick_preset_without_a_hand_set_lr():
     from training.config import make_config
     from training.train import build_config
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    recipe = readme[readme.index("### Recipe: adapt a model to your own text"):readme.index("## Evaluation")]
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    recipe = guide[guide.index("## Recipe: adapt a model to your own text"):guide.index("## How a run works")]
     command = re.search(r"make train-export METHOD=clsr SELECT=(\S+) \\\s*ARGS='([^']*)'", recipe)
-    assert command, "the README recipe has no `make train-export METHOD=clsr SELECT=... ARGS='...'` command"
+    assert command, "the training guide's recipe has no `make train-export METHOD=clsr SELECT=... ARGS='...'` command"
     select, args = command.groups()
     cfg = build_config(["--method", "clsr", "--preset", "quick", "--select", select, *shlex.split(args)])
     preset = make_config("clsr")

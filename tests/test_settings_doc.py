@@ -17,7 +17,7 @@ def test_the_reference_is_generated_from_the_class():
 def test_every_sembed_variable_a_document_names_exists():
     known = {f"SEMBED_{name.upper()}" for name in Settings.model_fields}
     files = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "docker-compose.yml", REPO / "Dockerfile",
-             *(REPO / "k8s").rglob("*.yaml"), *(REPO / "deploy").rglob("*.*")]
+             *(REPO / "docs").glob("*.md"), *(REPO / "k8s").rglob("*.yaml"), *(REPO / "deploy").rglob("*.*")]
     named = {(path.name, v) for path in files if path.is_file()
              for v in re.findall(r"SEMBED_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="ignore"))}
     assert not {(f, v) for f, v in named if v not in known}
