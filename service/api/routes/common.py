@@ -60,7 +60,11 @@ def model(request: Request, name: str | None = None) -> ServedModel:
 
 
 def check_batch(request: Request, n: int, field: str) -> None:
-    limit = settings(request).max_client_batch_size
+    check_count(n, settings(request).max_client_batch_size, field)
+
+
+def check_count(n: int, limit: int, field: str) -> None:
+    """`n` inputs in one request (or gRPC stream) against max_client_batch_size."""
     if n > limit:
         raise ApiError(422, f"{n} {field} in one request; the limit (max_client_batch_size) is {limit}: "
                             "split the request", "Validation", param=field)

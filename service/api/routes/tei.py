@@ -13,33 +13,65 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from service.api import schemas
+from service.api import output_types, schemas
 from service.api.errors import ApiError
-from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, model, read_json, timing_headers
+from service.api.registry import ServedModel
+from service.api.routes.common import (
+    NumpyJSONResponse,
+    check_batch,
+    check_count,
+    matryoshka,
+    model,
+    read_json,
+    settings,
+    timing_headers,
+)
+from service.ipc.messages import EmbedResult
 
 router = APIRouter(tags=["embeddings"])
 
 
-async def embed_texts(request: Request, texts: list[str], field: str, *, normalize: bool = True,
-                      truncate: bool | None = None, direction: str = "Right", prompt_name: str | None = None,
-                      instruction: str | None = None, model_name: str | None = None):
-    check_batch(request, len(texts), field)
+# The routes' work, on a served model: TEI's gRPC service (service/api/grpc/) calls these functions too.
+
+
+async def embed_with(served: ServedModel, texts: list[str], field: str, max_batch: int, *, normalize: bool = True,
+                     truncate: bool | None = None, direction: str = "Right", prompt_name: str | None = None,
+                     instruction: str | None = None) -> EmbedResult:
+    check_count(len(texts), max_batch, field)
     empty = next((i for i, text in enumerate(texts) if not text), None)
     if empty is not None:  # as TEI answers: 422, the input named
         raise ApiError(422, f"{field}[{empty}] is empty: every input needs text", "Validation", param=field)
-    return await model(request, model_name).embed(texts, normalize=normalize, truncate=truncate,
-                                       truncation_direction=direction.lower(), prompt_name=prompt_name,
-                                       instruction=instruction)
+    return await served.embed(texts, normalize=normalize, truncate=truncate, truncation_direction=direction.lower(),
+                              prompt_name=prompt_name, instruction=instruction)
+
+
+async def embed_vectors(served: ServedModel, texts: list[str], max_batch: int, *, dimensions: int | None = None,
+                        normalize: bool = True, **options) -> tuple[np.ndarray, EmbedResult]:
+    """/embed's answer: one vector per text, cut to `dimensions` (Matryoshka) when asked."""
+    if dimensions is not None and dimensions < 1:  # the JSON schema refuses it first; gRPC's uint32 may be 0
+        raise ApiError(422, f"dimensions={dimensions}: at least 1", "Validation", param="dimensions")
+    result = await embed_with(served, texts, "inputs", max_batch, normalize=normalize, **options)
+    return matryoshka(result.vectors, dimensions, normalize), result
+
+
+async def embed_texts(request: Request, texts: list[str], field: str, *, model_name: str | None = None, **options):
+    return await embed_with(model(request, model_name), texts, field, settings(request).max_client_batch_size,
+                            **options)
 
 
 @router.post("/embed", response_model=list[list[float]])
 async def embed(req: schemas.EmbedRequest, request: Request):
     """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array)."""
     start = time.perf_counter()
-    result = await embed_texts(request, req.texts, "inputs", normalize=req.normalize, truncate=req.truncate,
-                               direction=req.truncation_direction, prompt_name=req.prompt_name,
-                               instruction=req.instruction, model_name=req.model)
-    vectors = matryoshka(result.vectors, req.dimensions, req.normalize)
+    served = model(request, req.model)
+    if req.embedding_type != "float":  # refused before any compute where the model cannot give it
+        output_types.require(req.embedding_type, served.info, req.dimensions, req.normalize)
+    vectors, result = await embed_vectors(served, req.texts,
+                                          settings(request).max_client_batch_size, dimensions=req.dimensions,
+                                          normalize=req.normalize, truncate=req.truncate,
+                                          direction=req.truncation_direction, prompt_name=req.prompt_name,
+                                          instruction=req.instruction)
+    vectors = output_types.convert(vectors, req.embedding_type, served.info.manifest)
     return NumpyJSONResponse(vectors, headers=timing_headers(result, time.perf_counter() - start))
 
 
@@ -58,24 +90,31 @@ SCORE_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Identity": lambda x: x, "Tanh": np.tanh}
 
 
-@router.post("/rerank", response_model=list[schemas.RerankHit])
-async def rerank(req: schemas.RerankRequest, request: Request):
-    """The texts ranked best first, each with its input index. A cross-encoder export scores each
-    (query, text) pair itself (its logit through the activation the model names, a sigmoid by default, or
-    the logit with raw_scores, as TEI); an
-    embedding export scores by cosine similarity to the query."""
-    served = model(request, req.model)
+async def rerank_scores(served: ServedModel, query: str, texts: list[str], max_batch: int, *,
+                        truncate: bool | None = None, direction: str = "Right",
+                        raw_scores: bool = False) -> tuple[np.ndarray, EmbedResult]:
+    """Each text's score against the query, in input order. A cross-encoder export scores each (query, text)
+    pair itself (its logit through the activation the model names, a sigmoid by default, or the logit with
+    raw_scores, as TEI); an embedding export scores by cosine similarity to the query."""
     if served.info.is_cross_encoder:
-        check_batch(request, len(req.texts), "texts")
-        result = await served.rerank(req.query, req.texts, truncate=req.truncate,
-                                    truncation_direction=req.truncation_direction.lower())
+        check_count(len(texts), max_batch, "texts")
+        result = await served.rerank(query, texts, truncate=truncate, truncation_direction=direction.lower())
         scores = result.vectors[:, 0]
-        if not req.raw_scores:
+        if not raw_scores:
             scores = SCORE_ACTIVATIONS[served.info.manifest.get("score_activation", "Sigmoid")](scores)
     else:
-        result = await embed_texts(request, [req.query, *req.texts], "texts", truncate=req.truncate,
-                                   direction=req.truncation_direction, model_name=req.model)
+        result = await embed_with(served, [query, *texts], "texts", max_batch, truncate=truncate,
+                                  direction=direction)
         scores = result.vectors[1:] @ result.vectors[0]
+    return scores, result
+
+
+@router.post("/rerank", response_model=list[schemas.RerankHit])
+async def rerank(req: schemas.RerankRequest, request: Request):
+    """The texts ranked best first, each with its input index (scored as `rerank_scores` says)."""
+    scores, result = await rerank_scores(model(request, req.model), req.query, req.texts,
+                                         settings(request).max_client_batch_size, truncate=req.truncate,
+                                         direction=req.truncation_direction, raw_scores=req.raw_scores)
     order = np.argsort(-scores, kind="stable")
     hits = [{"index": int(i), "score": float(scores[i]), **({"text": req.texts[i]} if req.return_text else {})}
             for i in order]
@@ -87,21 +126,28 @@ async def classify(req: schemas.PredictRequest, request: Request):
     """A sequence classifier's labels for each text or pair, best first, as TEI answers: the softmax of the
     logits over the labels (a sigmoid each for a multi-label model), or the logits with raw_scores. One input
     gets one list, a batch a list per input."""
-    served = model(request, req.model)
-    sequences = req.sequences
-    check_batch(request, len(sequences), "inputs")
-    result = await served.classify(sequences, truncate=req.truncate,
-                                   truncation_direction=req.truncation_direction.lower())
+    answers, result = await predictions(model(request, req.model), req.sequences,
+                                        settings(request).max_client_batch_size, truncate=req.truncate,
+                                        direction=req.truncation_direction, raw_scores=req.raw_scores)
+    return NumpyJSONResponse(answers if req.batched else answers[0], headers=timing_headers(result))
+
+
+async def predictions(served: ServedModel, sequences: list[str | tuple[str, str]], max_batch: int, *,
+                      truncate: bool | None = None, direction: str = "Right",
+                      raw_scores: bool = False) -> tuple[list[list[dict]], EmbedResult]:
+    """/predict's labels for each text or pair, best first: {"score", "label"} each."""
+    check_count(len(sequences), max_batch, "inputs")
+    result = await served.classify(sequences, truncate=truncate, truncation_direction=direction.lower())
     scores = result.vectors.astype(np.float64)
-    if not req.raw_scores and served.info.manifest.get("multi_label"):
+    if not raw_scores and served.info.manifest.get("multi_label"):
         scores = SCORE_ACTIVATIONS["Sigmoid"](scores)
-    elif not req.raw_scores:
+    elif not raw_scores:
         scores = np.exp(scores - scores.max(axis=1, keepdims=True))
         scores /= scores.sum(axis=1, keepdims=True)
     labels = served.info.manifest.get("id2label") or {}
     answers = [[{"score": float(row[j]), "label": labels.get(str(j), f"LABEL_{j}")}
                 for j in np.argsort(-row, kind="stable")] for row in scores]
-    return NumpyJSONResponse(answers if req.batched else answers[0], headers=timing_headers(result))
+    return answers, result
 
 
 @router.post("/tokenize", response_model=list[list[schemas.Token]])
