@@ -30,7 +30,7 @@ from core import families
 from core.cross_encoder import CrossEncoder, PairScorer
 from core.data import find_source_dir, read_stsb
 from core.encoder import SentenceEncoder
-from export import quantize
+from export import calibration, quantize
 from service.manifest import CLASSIFIER, CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
 
 log = logging.getLogger("sembed.export")
@@ -183,6 +183,7 @@ def export_onnx(
         manifest.variants.update(kept)
         # variant → why it is not in `variants` (an extra field: manifests without it load as before)
         manifest.variants_left_out = left_out
+        manifest.calibration = calibration.calibrate(staging, data_dir)  # int8 / uint8 output's ranges
         manifest.save(staging)
     return manifest
 

@@ -54,6 +54,11 @@ class Manifest(BaseModel):
     id2label: dict[str, str] | None = Field(None, description="a classifier's label of each output, by index")
     multi_label: bool = Field(False, description="a classifier's labels are independent (sigmoid each), not "
                               "exclusive (softmax over them): transformers' problem_type multi_label_classification")
+    calibration: dict[str, Any] | None = Field(
+        None, description="an embedding model's per-dimension ranges for int8 / uint8 output (sentence-transformers' "
+        "quantize_embeddings): `ranges` maps a dimension (the full one and Matryoshka cuts) to [minima, maxima] of "
+        "the normalised vectors of `sentences` texts from `source` (export/calibration.py); absent in exports "
+        "made before it, which serve no int8 / uint8 (an older service ignores it: no vector changes)")
     score_activation: Literal["Sigmoid", "Identity", "Tanh"] = Field(
         "Sigmoid", description="a cross-encoder's: what turns its logit into the score /rerank answers "
         "(sentence-transformers' CrossEncoder activation_fn)")

@@ -1,7 +1,7 @@
 """An API process's application: the guard, the routers, a model registry and the index.
 
     request → [CORS] → RequestGuard (id, API key, JSON-only, body limits, disconnects, metrics, access log)
-            → FastAPI router (native / OpenAI / index / ops / admin: validate, shape)
+            → FastAPI router (native / OpenAI / Cohere / index / ops / admin: validate, shape)
             → registry: tokenise here → EngineClient → the engine process (admission, queue, model)
             → index client → the index writer process (or Milvus)
 
@@ -30,7 +30,7 @@ from service.api.auth import ApiKeys
 from service.api.errors import ERROR_RESPONSES, ApiError, error_body, protocol_of, to_api_error
 from service.api.middleware import RequestGuard
 from service.api.registry import ModelRegistry
-from service.api.routes import admin, index, openai, ops, tei
+from service.api.routes import admin, cohere, index, openai, ops, tei
 from service.api.topology import ModelLoader, SupervisorLoader, Topology, connect_registry
 from service.index import DEFAULT_COLLECTION, CollectionSpec, ModelStamp, VectorIndexError, open_configured
 from service.index.remote import IndexClient
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
     for kind in (ApiError, EngineError, VectorIndexError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, answer_error)
 
-    for router in (tei.router, index.router, openai.router, ops.router, admin.router):
+    for router in (tei.router, index.router, openai.router, cohere.router, ops.router, admin.router):
         app.include_router(router)
     app.mount(DOCS_ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
 

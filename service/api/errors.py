@@ -2,8 +2,8 @@
 
 Native (TEI-compatible) routes answer `{"error": msg, "error_type": kind}` as TEI does; the OpenAI
 routes (their router's tag says so, not their URL) answer `{"error": {"message", "type", "param",
-"code"}}` as OpenAI's clients expect. Server-side failures carry the request id, so a user's report
-can be found in the logs.
+"code"}}` as OpenAI's clients expect, Cohere's `{"message": msg}`. Server-side failures carry the
+request id, so a user's report can be found in the logs.
 """
 
 from __future__ import annotations
@@ -102,17 +102,23 @@ def to_api_error(exc: Exception, retry_after_s: int = 1) -> ApiError:
 
 #: the router tag of the OpenAI-compatible routes: their errors take OpenAI's body
 OPENAI_TAG = "openai"
+#: ... and of Cohere's: `{"message": ...}`, as Cohere's API and its SDK's errors carry it
+COHERE_TAG = "cohere"
 
 
 def protocol_of(route) -> str:
-    """The API family a route belongs to, by its router's tag: "openai", or "native" (TEI's shape, and ours)."""
-    return OPENAI_TAG if route is not None and OPENAI_TAG in getattr(route, "tags", ()) else "native"
+    """The API family a route belongs to, by its router's tag: "openai", "cohere", or "native" (TEI's shape, and
+    ours)."""
+    tags = getattr(route, "tags", ()) if route is not None else ()
+    return next((tag for tag in (OPENAI_TAG, COHERE_TAG) if tag in tags), "native")
 
 
 def error_body(protocol: str, error: ApiError, request_id: str | None) -> dict[str, Any]:
     """The body for `error` in the shape of the route's API family (`protocol_of`)."""
     server_side = error.status >= 500 or error.status == 424
     body: dict[str, Any]
+    if protocol == COHERE_TAG:
+        return {"message": error.message, **({"request_id": request_id} if server_side else {})}
     if protocol == OPENAI_TAG:
         body = {"message": error.message, "type": _OPENAI_TYPES.get(error.error_type, "invalid_request_error"),
                 "param": error.param, "code": _OPENAI_CODES.get(error.error_type, error.error_type.lower())}

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from service.api.output_types import EmbeddingType
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
@@ -44,6 +46,9 @@ _PROMPT_NAME = ("one of the model's prompts by name (GET /info: `prompts`), put 
                 "limit and the usage. Unset: the model's `default_prompt_name`, if it has one")
 _INSTRUCTION = ("text of your own put before each text, as sentence-transformers' encode(prompt=); instead of "
                 "prompt_name, not with it. \"\" embeds the texts as they are, without the default prompt")
+_EMBEDDING_TYPE = ("ours: the output type, as sentence-transformers' quantize_embeddings gives it: float, int8 / "
+                   "uint8 (per-dimension ranges calibrated at export), binary / ubinary (sign bits packed eight to a "
+                   "byte, as int8 / uint8); see docs/output-types.md")
 _NO_PROMPT_FOR_IDS = ("; inputs given as token ids take no prompt: naming one with them is refused (422), and the "
                       "default prompt is not applied to them")
 
@@ -72,6 +77,7 @@ class EmbedRequest(_TeiRequest, _Prompted):
     truncation_direction: TruncationDirection = Field("Right", description="which end a cut removes")
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions (Matryoshka), "
                                    "renormalised when normalize is true")
+    embedding_type: EmbeddingType = Field("float", description=_EMBEDDING_TYPE)
 
     @property
     def texts(self) -> list[str]:
@@ -323,6 +329,8 @@ class OpenAIEmbeddingRequest(_Prompted):
     model: str | None = Field(None, description="one of GET /v1/models; unset: the default model")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions, then renormalise")
+    embedding_type: EmbeddingType = Field("float", description=_EMBEDDING_TYPE + "; with encoding_format base64, "
+                                          "each row's bytes (float32 little-endian, or one byte per value)")
     user: str | None = None
     prompt_name: str | None = Field(None, description=_PROMPT_NAME + _NO_PROMPT_FOR_IDS, examples=["query"])
     instruction: str | None = Field(None, description=_INSTRUCTION + _NO_PROMPT_FOR_IDS)
@@ -344,3 +352,47 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
+
+
+# --- Cohere's embed and rerank (/v1/, /v2/) ----------------------------------------------------------
+class CohereEmbedRequest(BaseModel):
+    """Cohere's embed body (v2; v1's is the same less output_dimension), as the cohere SDK sends it: text only."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())  # the SDK's `priority` and the like
+
+    texts: NonEmpty[str] | None = Field(None, examples=[["A man is playing a guitar."]])
+    images: list[Any] | None = Field(None, description="not served: this service embeds text")
+    inputs: list[Any] | None = Field(None, description="not served: send `texts`")
+    model: str | None = Field(None, description="one of the served models (GET /v1/models); unset: the default")
+    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = Field(
+        None, description="puts the model's prompt for it before each text (docs/output-types.md); unset: the "
+        "model's default prompt, if any")
+    embedding_types: NonEmpty[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]] | None = Field(
+        None, description="the output types asked for, each its own key of `embeddings`; unset: float")
+    output_dimension: int | None = Field(None, ge=1, description="keep the first n dimensions, renormalised")
+    truncate: Literal["NONE", "START", "END"] = Field("END", description="an input over the model's length: "
+                                                      "refused (NONE), or cut at its start or end")
+    max_tokens: int | None = Field(None, ge=1, description="only the model's own limit (max_seq_length) or more")
+
+
+class CohereDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a document's other fields travel along, unread
+
+    text: str
+
+
+class CohereRerankRequest(BaseModel):
+    """Cohere's rerank body (v1 and v2), which Jina's and many RAG frameworks' rerankers post too."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())  # max_tokens_per_doc, rank_fields, ...
+
+    model: str | None = Field(None, description="a served reranker (or embedding model); unset: the default")
+    query: str = Field(examples=["What is Deep Learning?"])
+    documents: NonEmpty[str | CohereDocument] = Field(
+        examples=[["Deep Learning is a kind of machine learning.", "Cheese."]])
+    top_n: int | None = Field(None, ge=1, description="the best n only; unset: all")
+    return_documents: StrictBool = Field(False, description="each result carries its document ({\"text\"})")
+
+    @property
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]

@@ -3,7 +3,9 @@
 `input` may be token ids, as OpenAI allows; here they are the served model's own tokenizer's ids
 (what /tokenize returns), taken as they are: special tokens included if the client put them in, and no
 prompt. `prompt_name` and `instruction` (ours: the openai client sends them with `extra_body`) put a
-prompt before each text, as TEI's /embed does.
+prompt before each text, as TEI's /embed does. `embedding_type` (ours, also with extra_body) gives int8, uint8,
+binary or ubinary vectors as sentence-transformers' quantize_embeddings does (service/api/output_types.py); with
+`encoding_format` base64, a row's bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +13,11 @@ from __future__ import annotations
 import time
 from typing import cast
 
-import numpy as np
-import pybase64
 from fastapi import APIRouter, Request
 
-from service.api import schemas
+from service.api import output_types, schemas
 from service.api.errors import OPENAI_TAG, ApiError
+from service.api.output_types import base64_rows
 from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, registry, timing_headers
 
 router = APIRouter(prefix="/v1", tags=[OPENAI_TAG])
@@ -32,8 +33,11 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     if any(isinstance(t, str) and not t for t in texts):  # OpenAI answers an empty string with 400
         raise ApiError(400, "'$.input' is invalid: an input is an empty string", "Validation", param="input")
     served = registry(request).get(req.model)
+    if req.embedding_type != "float":  # refused before any compute where the model cannot give it
+        output_types.require(req.embedding_type, served.info, req.dimensions)
     result = await served.embed(texts, normalize=True, prompt_name=req.prompt_name, instruction=req.instruction)
-    vectors = matryoshka(result.vectors, req.dimensions, normalize=True)
+    vectors = output_types.convert(matryoshka(result.vectors, req.dimensions, normalize=True), req.embedding_type,
+                                   served.info.manifest)
     if req.encoding_format == "base64":
         rows = base64_rows(vectors)
     else:
@@ -42,18 +46,6 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     body = {"object": "list", "data": data, "model": registry(request).name_of(served),
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
     return NumpyJSONResponse(body, headers=timing_headers(result, time.perf_counter() - start))
-
-
-def base64_rows(vectors: np.ndarray) -> list[str]:
-    """Each row as little-endian float32 bytes in base64, as OpenAI sends it. A row of a multiple of 3 bytes
-    is a whole number of base64 chunks, so the matrix is encoded once and cut (one call, not one per row)."""
-    matrix = np.ascontiguousarray(vectors, dtype="<f4")
-    row_bytes = matrix.shape[1] * 4
-    if row_bytes % 3:
-        return [pybase64.b64encode_as_string(row.tobytes()) for row in matrix]
-    text = pybase64.b64encode_as_string(matrix.tobytes())
-    width = row_bytes // 3 * 4
-    return [text[i:i + width] for i in range(0, len(text), width)]
 
 
 @router.get("/models")
