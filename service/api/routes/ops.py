@@ -7,8 +7,10 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.api.errors import ApiError
+from service.api.registry import ModelRegistry, ServedModel
 from service.api.routes.common import settings
 from service.api.routes.index import default_documents
+from service.settings import Settings
 
 router = APIRouter(tags=["ops"])
 
@@ -75,17 +77,12 @@ def _summary(manifest: dict) -> dict:
     return out
 
 
-@router.get("/info")
-async def info(request: Request):
-    """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
-    registry = _registry(request)
-    s = settings(request)
-    served = registry.get()
-    manifest = served.info.manifest
+def tei_info(registry: ModelRegistry, served: ServedModel, s: Settings) -> dict:
+    """TEI's /info fields for a served model (TEI's gRPC Info answers them too)."""
     return {
         "model_id": served.info.manifest.get("base_model", served.info.model),
         "served_model_name": registry.name_of(served),  # what `model` fields name it by
-        "model_sha": manifest.get("onnx_sha256"),
+        "model_sha": served.info.manifest.get("onnx_sha256"),
         "model_dtype": {"fp32": "float32", "int8": "int8", "fp16": "float16"}[served.info.variant.split("-")[0]],
         "model_type": _model_type(served.info),
         "max_concurrent_requests": s.max_queued_inputs,
@@ -95,9 +92,21 @@ async def info(request: Request):
         "max_client_batch_size": s.max_client_batch_size,
         "auto_truncate": s.auto_truncate,
         "tokenization_workers": s.api_worker_count(),
-        "version": request.app.version,
         "sha": None,
         "docker_label": None,
+    }
+
+
+@router.get("/info")
+async def info(request: Request):
+    """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
+    registry = _registry(request)
+    s = settings(request)
+    served = registry.get()
+    manifest = served.info.manifest
+    return {
+        **tei_info(registry, served, s),
+        "version": request.app.version,
         "manifest": _summary(served.info.manifest),
         "models": registry.names(),
         "device": served.info.device,
