@@ -61,6 +61,7 @@ class ServedModel:
 
     held: int = 0  # requests inside embed/rerank, tokenising or waiting on the engine
     token: int | None = None  # a staged reload's number at the supervisor
+    name: str = ""  # the name requests give it (`model`); set by the registry
     _prompt_tokens: dict[str, int] = field(default_factory=dict, repr=False)  # prompt text → its token count
 
     @property
@@ -73,7 +74,7 @@ class ServedModel:
         """Texts, each after its prompt (`prompt`), or inputs already tokenised as the model's own token ids
         (taken as they are: no prompt applies to them, and naming one is refused)."""
         if not self.info.gives_embeddings:
-            raise WrongModelType(f"model {self.info.model} is {self.info.described}, and gives no embeddings")
+            raise self.wrong_kind("Model is not an embedding model")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():
             start = time.perf_counter()
@@ -137,7 +138,7 @@ class ServedModel:
                      truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
         """A cross-encoder's score of each (query, text) pair, in `vectors[:, 0]`."""
         if not self.info.is_cross_encoder:
-            raise WrongModelType(f"model {self.info.model} is not a re-ranker (cross-encoder)")
+            raise self.wrong_kind("model is not a re-ranker model")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():
             start = time.perf_counter()
@@ -154,7 +155,7 @@ class ServedModel:
                        truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
         """A classifier's logit of each label for each text or (text, text) pair, [n, labels], in order."""
         if not self.info.is_classifier:
-            raise WrongModelType(f"model {self.info.model} is {self.info.described}, not a classifier")
+            raise self.wrong_kind("Model is not a classifier model")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():
             start = time.perf_counter()
@@ -177,6 +178,11 @@ class ServedModel:
             if not truncate:
                 check_truncation(np.concatenate(originals)[order], self.info.max_seq_length)
             return await self._infer(batch, False, timeout_s, time.perf_counter() - start)
+
+    def wrong_kind(self, tei_says: str) -> WrongModelType:
+        """TEI's 424 for a route this kind of model cannot answer: TEI's own sentence first (what its clients
+        match), then what this model is and where it answers."""
+        return WrongModelType(f"{tei_says}: model {self.name or self.info.model!r} is {self.info.described}")
 
     @contextlib.contextmanager
     def _holding(self):
@@ -202,6 +208,59 @@ class ServedModel:
                 raise InvalidInput(f"ids[{i}] holds {bad}, outside the model's vocabulary of {vocab}")
         return self.tokenizer.decode(ids, skip_special_tokens)
 
+    async def embed_sparse(self, texts: list[str], *, truncate: bool | None = None, truncation_direction: str = "right",
+                           timeout_s: float | None = None, prompt_name: str | None = None,
+                           ) -> tuple[list[SparseVector], EmbedResult]:
+        """A sparse (SPLADE) model's vector of each text as TEI's /embed_sparse answers it: its non-zero dimensions
+        (indices ascending, values float32), no more than the model's max_active_dims (its largest values, as
+        SparseEncoder.encode keeps them)."""
+        if not self.info.is_sparse:
+            raise WrongModelType(f"Model is not an embedding model with SPLADE pooling: model {self.info.model} is "
+                                 f"{self.info.described}")
+        with self._holding():
+            start = time.perf_counter()
+            batch = await self._text_batch(texts, truncate, truncation_direction, prompt_name)
+            result = await self._infer(batch, False, timeout_s, time.perf_counter() - start)
+        return sparsify(result.vectors, self.info.manifest.get("max_active_dims")), result
+
+    async def embed_all(self, texts: list[str], *, truncate: bool | None = None, truncation_direction: str = "right",
+                        timeout_s: float | None = None, prompt_name: str | None = None,
+                        ) -> tuple[list[np.ndarray], EmbedResult]:
+        """Every token's last hidden state of each text, special tokens included, [tokens, hidden] per text (TEI's
+        /embed_all: the transformer's raw output, neither pooled nor normalised). An export whose graph has no token
+        output (made before it existed, or a sparse, reranker or classifier model) is refused, saying why."""
+        if not self.info.token_dimension:
+            raise WrongModelType(self.info.token_refusal)
+        with self._holding():
+            start = time.perf_counter()
+            batch = await self._text_batch(texts, truncate, truncation_direction, prompt_name)
+            tokenization_s = time.perf_counter() - start
+            self.metrics.tokenization_seconds.observe(tokenization_s)
+            observe_all(self.metrics.input_tokens, batch.lengths)
+            result = await self.client.embed(batch, timeout_s=timeout_s, tokens=True)
+            result.tokenization_s = tokenization_s
+        offsets = batch.offsets
+        return [result.vectors[offsets[i]:offsets[i + 1]] for i in range(len(batch))], result
+
+    async def _text_batch(self, texts: list[str], truncate: bool | None, direction: str,
+                          prompt_name: str | None) -> TokenBatch:
+        """Texts after their prompt, tokenised as /embed tokenises them (too long: truncated, or refused
+        without `truncate`)."""
+        truncate = self.auto_truncate if truncate is None else truncate
+        empty = next((i for i, text in enumerate(texts) if not text), None)
+        if empty is not None:  # as TEI answers: 422, the input named
+            raise InvalidInput(f"inputs[{empty}] is empty: every input needs text")
+        check_texts(texts)
+        prompt = self.prompt(prompt_name)
+        if prompt.text:
+            await self._check_room(prompt)
+            texts = [prompt.text + text for text in texts]
+        batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, texts)), texts, direction)
+        if not truncate:
+            check_truncation(original, self.info.max_seq_length,
+                             "inputs[{}] with its prompt" if prompt.text else "inputs[{}]")
+        return batch
+
     async def _tokenize(self, encode, chars: int, inputs, direction: str):
         if chars <= self.tokenizer.inline_chars:
             return encode(inputs, direction)
@@ -214,6 +273,27 @@ class ServedModel:
         result = await self.client.embed(batch, normalize=normalize, timeout_s=timeout_s)
         result.tokenization_s = tokenization_s
         return result
+
+
+class SparseVector(NamedTuple):
+    """One text's non-zero dimensions: indices ascending, and their values."""
+
+    indices: np.ndarray  # int64
+    values: np.ndarray  # float32
+
+
+def sparsify(vectors: np.ndarray, max_active_dims: int | None = None) -> list[SparseVector]:
+    """Each row's non-zero dimensions (TEI drops the zeros), at most `max_active_dims` of them: the largest in
+    absolute value, as sentence-transformers' select_max_active_dims keeps them."""
+    if max_active_dims is not None and max_active_dims < vectors.shape[1]:
+        top = np.argpartition(-np.abs(vectors), max_active_dims - 1, axis=1)[:, :max_active_dims]
+        kept = np.zeros_like(vectors)
+        np.put_along_axis(kept, top, np.take_along_axis(vectors, top, axis=1), axis=1)
+        vectors = kept
+    rows, cols = np.nonzero(vectors)
+    values = vectors[rows, cols]
+    bounds = np.searchsorted(rows, np.arange(len(vectors) + 1))
+    return [SparseVector(cols[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class ModelRegistry:
@@ -230,6 +310,7 @@ class ModelRegistry:
         if name in self._models:
             raise ValueError(f"two models named {name!r}")
         model = self._models[name] = self.served(client, tokenizer)
+        model.name = name
         self.default = self.default or name
         return model
 
@@ -246,6 +327,7 @@ class ModelRegistry:
         request goes to the new one. `retire` the old one."""
         old = self.get(name)
         self._models[name] = model
+        model.name = name
         return old
 
     def resolve(self, name: str | None = None) -> str:
