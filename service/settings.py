@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     host: str = Field("0.0.0.0", description="address to listen on (a warning at start if beyond loopback with no "
                       "API key)")
     port: int = Field(8080, ge=1, le=65535, description="port to listen on")
+    grpc_port: int = Field(0, ge=0, le=65535, description="TEI's gRPC API (docs/grpc.md) on this port too, from "
+                           "every API process (SO_REUSEPORT); 0: off")
 
     # --- request limits -------------------------------------------------------------------------
     max_client_batch_size: int = Field(256, ge=1, description="inputs per request (more: 422)")
