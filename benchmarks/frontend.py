@@ -4,6 +4,7 @@ For 1, 2 and 4 API workers, each a fresh `python -m service` with SEMBED_BACKEND
 real tokenizer and dimension, constant vectors), wrk drives:
   - single-text requests (POST /embed {"inputs": "<short text>"}) at a fixed concurrency: req/s, p50/p99;
   - batches of 32 and 256 short texts, POST /embed (JSON) and POST /v1/embeddings (base64): sentences/s;
+  - batches of 256 as int8 and binary vectors (POST /embed's embedding_type): their cost per vector over float;
 and the server's CPU time per request and per sentence is read from /proc (utime + stime of the
 supervisor and every process under it, before and after each phase), with each process's share of
 it and each API worker's RSS. The load generator is several wrk processes (C, epoll, a few % of a
@@ -42,6 +43,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
 TARGET_SINGLE_US, TARGET_JSON_US, TARGET_BASE64_US = 300, 25, 15
 TARGET_SHARE, TARGET_RSS_MB = 0.60, 150
+#: API-process CPU per vector that int8 or binary output (embedding_type) may add over float's JSON
+TARGET_OUTPUT_TYPE_US = 1.0
 
 # wrk posts the JSON bodies of a file (one a line) in turn. done() prints the totals and the latency
 # histogram (distinct microsecond values and their counts), so several wrk processes merge exactly.
@@ -291,19 +294,30 @@ def single_bodies(texts: list[str]) -> list[bytes]:
     return [json.dumps({"inputs": t}).encode() for t in texts]
 
 
-def phases(texts: list[str], concurrency: int, batch_concurrency: int) -> list[tuple[str, str, list[bytes], int, int]]:
-    """(name, path, bodies, sentences per request, connections) of each load phase, in the order run."""
-    def batches(size: int, openai: bool) -> list[bytes]:
+def phases(texts: list[str], concurrency: int, batch_concurrency: int,
+           int8: bool = True) -> list[tuple[str, str, list[bytes], int, int]]:
+    """(name, path, bodies, sentences per request, connections) of each load phase, in the order run; int8 output
+    only for an export that carries its calibration ranges."""
+    def batches(size: int, openai: bool, embedding_type: str = "float") -> list[bytes]:
         rows = [[texts[(start + i) % len(texts)] for i in range(size)] for start in range(0, 64 * size, size)]
         if openai:
             return [json.dumps({"input": r, "encoding_format": "base64"}).encode() for r in rows]
-        return [json.dumps({"inputs": r}).encode() for r in rows]
+        typed = {"embedding_type": embedding_type} if embedding_type != "float" else {}
+        return [json.dumps({"inputs": r, **typed}).encode() for r in rows]
 
     return [("singles", "/embed", single_bodies(texts), 1, concurrency),
             ("batch32 json", "/embed", batches(32, False), 32, batch_concurrency),
             ("batch32 base64", "/v1/embeddings", batches(32, True), 32, batch_concurrency),
             ("batch256 json", "/embed", batches(256, False), 256, batch_concurrency),
-            ("batch256 base64", "/v1/embeddings", batches(256, True), 256, batch_concurrency)]
+            ("batch256 base64", "/v1/embeddings", batches(256, True), 256, batch_concurrency),
+            # output types (service/api/output_types.py) over batch256 json's float
+            *([("batch256 int8", "/embed", batches(256, False, "int8"), 256, batch_concurrency)] if int8 else []),
+            ("batch256 binary", "/embed", batches(256, False, "binary"), 256, batch_concurrency)]
+
+
+def calibrated(export_dir: Path) -> bool:
+    """Whether the export carries int8 / uint8 output's calibration ranges (exports before them do not)."""
+    return bool(json.loads((export_dir / "manifest.json").read_text()).get("calibration"))
 
 
 # --- malformed bodies ----------------------------------------------------------------------------
@@ -344,7 +358,7 @@ def bench_workers(wrk: str, export_dir: Path, workers: int, texts: list[str], ar
     """Every load phase against one fresh service with `workers` API processes; their RSS at the end;
     the malformed bodies' statuses if asked."""
     out: dict = {"phases": {}}
-    plan = phases(texts, args.concurrency, args.batch_concurrency)
+    plan = phases(texts, args.concurrency, args.batch_concurrency, int8=calibrated(export_dir))
     with running_service(export_dir, workers, backend, **settings) as service:
         _, path, bodies, _, connections = plan[0]  # warm-up: lazy imports, caches, connection pools
         load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
@@ -382,6 +396,14 @@ def checks(runs: dict[int, dict], malformed: list[dict] | None) -> list[tuple[st
             us = p[name]["server_us_per_sentence"]
             out.append((f"{workers} API worker(s): {us:.1f} µs server CPU per sentence, {name} (target ≤ {target})",
                         us <= target))
+        for name in ("batch256 int8", "batch256 binary"):
+            if name not in p:
+                out.append((f"{workers} API worker(s): {name} not run: the export carries no calibration ranges "
+                            "(re-export it)", False))
+                continue
+            over = p[name]["server_us_per_sentence"] - p["batch256 json"]["server_us_per_sentence"]
+            out.append((f"{workers} API worker(s): {name} output costs {over:+.2f} µs server CPU per vector over "
+                        f"float (target ≤ {TARGET_OUTPUT_TYPE_US:g})", over <= TARGET_OUTPUT_TYPE_US))
         worst = max(run["rss_mb"].values())
         out.append((f"{workers} API worker(s): largest API-worker RSS {worst:.0f} MB (target ≤ {TARGET_RSS_MB})",
                     worst <= TARGET_RSS_MB))
