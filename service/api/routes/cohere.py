@@ -84,8 +84,9 @@ async def _embeddings(req: schemas.CohereEmbedRequest,
         raise ApiError(422, str(e).replace("send truncate=true to cut it", "send truncate END or START to cut it"),
                        "Validation", param="truncate") from None
     vectors = matryoshka(result.vectors, req.output_dimension, normalize=True)
-    embeddings = {kind: base64_rows(vectors) if kind == "base64" else output_types.convert(vectors, kind, info.manifest)
-                  for kind in types}
+    embeddings: dict[str, object] = {
+        kind: base64_rows(vectors) if kind == "base64" else output_types.convert(vectors, kind, info.manifest)
+        for kind in types}
     return embeddings, req.texts, result
 
 
