@@ -6,7 +6,7 @@ graph's normalised vectors (what the service serves by default), for the full di
 Matryoshka cut below it (the first d components renormalised, as the service's `dimensions` /
 `output_dimension` makes them). The texts: the first `CORPUS_SENTENCES` lines of the unlabelled corpus under
 `data_dir` when there is one, else the fixed sentences and passages the export already embeds for its quality
-checks (export/quantize.py) with the parity and golden sentences.
+checks (export/quantize.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ MATRYOSHKA_DIMENSIONS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072)
 
 
 def builtin_sentences() -> list[str]:
-    """The texts the export embeds anyway: its quality sentences and passages, parity and golden sentences."""
-    from export.exporter import GOLDEN_SENTENCES, PARITY_SENTENCES
-
-    return list(dict.fromkeys(quantize.QUALITY_SENTENCES + quantize.QUALITY_LONG_SENTENCES + PARITY_SENTENCES +
-                              GOLDEN_SENTENCES))
+    """The texts the export embeds anyway for its variants' quality checks: short sentences and long passages."""
+    return list(dict.fromkeys(quantize.QUALITY_SENTENCES + quantize.QUALITY_LONG_SENTENCES))
 
 
 def calibration_texts(data_dir: str | Path | None) -> tuple[list[str], str]:

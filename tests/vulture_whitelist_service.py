@@ -9,6 +9,7 @@ _ = object()
 # route functions: FastAPI calls them through the decorators that register them
 add_documents, clear_index, collection_stats, delete_default_document, delete_documents, embeddings
 get_document, get_documents, healthz, predict, readyz, reembed_collection, reload, search_default, tokenize
+embed_v1, embed_v2, rerank_v1, rerank_v2  # Cohere's (service/api/routes/cohere.py)
 
 # pydantic reads model_config and calls the validators; fields clients send or read, or exports record
 model_config
