@@ -3,7 +3,8 @@
 Each setting quantises the export's fused fp32 graph (`export.quantize.fuse`) with `quantize_dynamic`
 and embeds 256 short (10-14 tokens) and 256 long (124-132 tokens) texts, built as `make bench` builds
 them, in length-sorted batches of 32 and of 256, each padded to its longest text. Cosines only: no
-timing (the bench measures speed). RESULTS.md has the table this printed.
+timing (the bench measures speed). RESULTS.md (its int8 section) cites what this printed for the shipped
+recipe; the tables of every setting tried are in its history (git show a7c93d5:RESULTS.md).
 
     python -m benchmarks.int8_configs --model-dir models/all-MiniLM-L6-v2 --data-dir ../shared/data [--exact] [NAME ...]
 """

@@ -7,7 +7,7 @@ weight shape, for the ops with a constant weight: that time per million weights 
 between the vectors of onnxruntime's default x86 int8 kernel and of its exact one
 (`export.quantize.EXACT_INT8_KERNEL`), on the export's golden sentences and on the long texts: 0 where no uint8 x
 int8 product saturates (VPMADDUBSW on x86 without VNNI; on a VNNI CPU both are the exact kernel).
-RESULTS.md has what this printed.
+RESULTS.md (its int8 section) cites what this printed.
 
     python -m benchmarks.int8_profile --model-dir models/all-MiniLM-L6-v2 --data-dir ../shared/data [--graph G ...]
 """
@@ -65,8 +65,8 @@ def profile(graphs: list[Path], feeds: list[dict[str, np.ndarray]], threads: int
     """For each graph, (op, nodes, ms per batch, ms per batch and million weights), most time first; an op with a
     constant weight is one row per weight shape ("DynamicQuantizeMatMul 384x1536"). The graphs take turns batch by
     batch, in one process, so a neighbour's load or the clock moves all of them alike (profiled one after the other,
-    one graph's total moved by 10 % between runs); the first round is a warm-up. With more than one thread a
-    kernel's time is the wall time of its parallel section."""
+    one graph's total moved between runs by more than the graphs differed); the first round is a warm-up. With more
+    than one thread a kernel's time is the wall time of its parallel section."""
     with tempfile.TemporaryDirectory(prefix="sembed-int8-profile-") as tmp:
         for i in range(len(graphs)):
             (Path(tmp) / str(i)).mkdir()

@@ -3,7 +3,8 @@
 Each case is a one- or two-op graph on a float32 batch of [32, 128, 384] (the residual stream) or
 [32, 128, 1536] (the GELU's input), run with 1 and 2 intra-op threads, no spinning; median of `--runs`.
 onnxruntime's own optimisations apply as when it loads an export (Add + LayerNormalization becomes
-SkipLayerNormalization), except in the case that turns that fusion off. RESULTS.md has what this printed.
+SkipLayerNormalization), except in the case that turns that fusion off. RESULTS.md (its int8 section) cites what
+this printed.
 
     python -m benchmarks.ops [--threads 1,2] [--runs 30]
 """

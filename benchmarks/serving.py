@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         services["service int8"] = start_service(args.model_dir, variant="int8")
     port = services["service"][1]
     try:
-        # Rounds alternate every contender, and each keeps its best: the host's speed drifts by 10-30 %
-        # within minutes, and a ratio of two figures taken minutes apart would measure the drift.
+        # Rounds alternate every contender, and each keeps its best: a shared host's speed drifts within minutes
+        # (RESULTS.md, "Serving on a CPU"), and a ratio of two figures taken minutes apart would measure the drift.
         best: dict = {name: {"service_request_s": {}} for name in ("short", "long")}
         c64: dict | None = None
         for _ in range(args.rounds):

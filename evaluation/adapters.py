@@ -18,7 +18,7 @@ MTEB 2 (its encoder protocol: `encode` over a DataLoader of batches returning [n
     # mteb < 2: mteb.MTEB(tasks=[...]).run(MtebServiceEncoder(url))
 
 mteb's own `mteb.models.OpenAIAPIEncodeWrapper` works too, through /v1/models and /v1/embeddings (the
-README's "Switching from TEI or the OpenAI API" has both, as tests/test_mteb.py runs them).
+MTEB block of docs/evaluation.md has both, as tests/test_mteb.py runs them).
 
 The service has no notion of query vs passage prompts: both kinds are embedded the same way, as our
 models are trained.

@@ -130,10 +130,10 @@ _FAST_BYTES = bytes([9, 10, 13, *range(0x20, 0x5B), *range(0x5C, 0x7F)])
 
 class BertWordPiece:
     """BERT's tokenizer (BertNormalizer, BertPreTokenizer, WordPiece, [CLS] text [SEP]) for plain ASCII
-    text, in a few lines of Python: 7-9× less CPU per sentence than tokenizers' encode_batch_fast on
-    batches of short sentences (python -m benchmarks.tokenization), which builds Python objects per
-    token (ids, tokens, offsets) and made tokenisation most of an API process's CPU under batch-256
-    load. flash-tokenizer's C++ is as fast but holds 144 MB per process.
+    text, in a few lines of Python, at a fraction of the CPU per sentence of tokenizers' encode_batch_fast,
+    which builds Python objects per token (ids, tokens, offsets) and made tokenisation most of an API
+    process's CPU under batch-256 load (`python -m benchmarks.tokenization`; RESULTS.md, "The server's own
+    CPU"). flash-tokenizer's C++ is as fast but holds far more memory per process (commit 2223924).
 
     On printable ASCII (tab and newlines allowed) BERT's normaliser only lowercases and turns
     whitespace into spaces, its pre-tokenizer splits runs of letters and digits from single

@@ -91,10 +91,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # Unsupervised objectives start from a mean-pooled model: keep its pooling for inference.
         "simcse": dict(train_data=CORPUS, train_limit=6_400, batch_size=64, lr=3e-5,
                        eval_every=25, objective={"pooling": "mean"}),
-        # λ = 0.003, not the paper's 0.8: on an encoder already tuned on sentence pairs ℓII (solved at once) has
-        # ~375× ℓI's encoder gradient at step 0, so λ = 0.8 let it steer Adam and the recipe lost 2.97 dev nDCG@10;
-        # 0.003 balances the two gradients and gained +4.12 dev / +1.71 test (λ = 0: +3.42 / +1.29). RESULTS.md,
-        # "ConIsI ablation on the recipe".
+        # λ = 0.003, not the paper's 0.8: on an encoder already tuned on sentence pairs ℓII (solved at once) has an
+        # encoder gradient hundreds of times ℓI's at step 0, so λ = 0.8 lets it steer Adam and the domain recipe
+        # loses on dev; 0.003 balances the two gradients and gains on dev and test (RESULTS.md, "Domain adaptation
+        # (issue 23)").
         "conisi": dict(train_data=CORPUS, train_limit=6_400, batch_size=64, lr=3e-5,
                        eval_every=25, objective={"pooling": "mean", "interactive_weight": 0.003}),
         # Stage 1 on a CPU: a short, small-batch pass that trains only the auxiliary layers and head
@@ -110,10 +110,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                              epochs=1, eval_every=60),
         # SNLI dev+test (6.7k entailment pairs) is the offline stand-in for "nli:train".
         # e starts at the identity (not the paper's random MLP): step 0 is then the base model, which the
-        # selection keeps unless training beats it beyond noise; a random e started 7.8 dev nDCG@10 below it.
-        # lr 3e-4, not 1e-3: on the README's supervised twin (659 pairs) 1e-3 peaked at step 25 and its gain was
-        # refused as noise, 3e-4 gained +2.52 / +2.20 test nDCG@10 (seeds 42 / 7); on this default data both keep
-        # step 0 (STS-B dev falls from 86.72 to 85.86 at 1e-3, to 86.24 at 3e-4). RESULTS.md, issue 23.
+        # selection keeps unless training beats it beyond noise; a random e starts well below it.
+        # lr 3e-4, not 1e-3: on the training guide's supervised twin (659 pairs) 1e-3 peaked early and its gain was
+        # refused as noise, 3e-4 gained on test with two seeds; on this default data both keep step 0 (RESULTS.md,
+        # "Domain adaptation (issue 23)" and "Training presets").
         "clsr": dict(train_data="snli:dev+test", batch_size=512, lr=3e-4, epochs=30, schedule="cosine",
                      warmup_ratio=0.05, eval_every=25, max_grad_norm=None, objective={"identity_init": True}),
     },

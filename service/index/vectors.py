@@ -69,8 +69,8 @@ class IndexType:
     @property
     def ef_construction(self) -> int:
         """HNSW build width: wider than the 2·M links a node keeps on level 0, or they are filled from
-        too few candidates. FAISS's default 40 is narrower than HNSW32's 64 links; at 1M vectors 2.5·M
-        took recall@10 at efSearch 128 from 0.893 to 0.969 (RESULTS.md, `make bench-index`)."""
+        too few candidates. FAISS's default 40 is narrower than HNSW32's 64 links, and at a million vectors its
+        graph never reached the recall target that 2.5·M reaches (RESULTS.md, "Search index")."""
         return max(40, 5 * self.hnsw_m // 2)
 
 

@@ -10,9 +10,9 @@ Each builds a sentence c_i "in a different semantic category" from x_i:
 
 ℓII asks the classifier to tell [x; x] from [x; c]; a c equal to x is an unlearnable label. With
 BERT's 15 % rate o1 leaves a short sentence unchanged often (all draws missed, or kept the token),
-and o2 has nothing to replace in a sentence without an antonym (see ConIsI's `ensure_different`
-for the measured rates). `subword_replace(at_least_one=True)` forces one real replacement, and
-ConIsI falls back to o1 for any c still equal to x.
+and o2 has nothing to replace in a sentence without an antonym (see ConIsI's `ensure_different`).
+`subword_replace(at_least_one=True)` forces one real replacement, and ConIsI falls back to o1 for any c still
+equal to x.
 
 All randomness comes from an optional torch.Generator (tests pass a seeded one; training uses
 torch's global RNG, which the DataLoader seeds differently in every worker).
