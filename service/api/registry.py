@@ -153,8 +153,9 @@ class ServedModel:
 
     async def classify(self, inputs: list[str | tuple[str, str]], *, truncate: bool | None = None,
                        truncation_direction: str = "right", timeout_s: float | None = None) -> EmbedResult:
-        """A classifier's logit of each label for each text or (text, text) pair, [n, labels], in order."""
-        if not self.info.is_classifier:
+        """A classifier's logit of each label for each text or (text, text) pair, [n, labels], in order; a reranker's
+        one logit (TEI's /predict takes either: a reranker is a one-label classifier)."""
+        if not (self.info.is_classifier or self.info.is_cross_encoder):
             raise self.wrong_kind("Model is not a classifier model")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():

@@ -95,8 +95,9 @@ async def rerank_scores(served: ServedModel, query: str, texts: list[str], max_b
                         raw_scores: bool = False) -> tuple[np.ndarray, EmbedResult]:
     """Each text's score against the query, in input order. A cross-encoder export scores each (query, text)
     pair itself (its logit through the activation the model names, a sigmoid by default, or the logit with
-    raw_scores, as TEI); an embedding export scores by cosine similarity to the query."""
-    if served.info.is_cross_encoder:
+    raw_scores, as TEI); an embedding export scores by cosine similarity to the query. Another kind is refused
+    as TEI refuses it (424, "model is not a re-ranker model")"""
+    if not served.info.gives_embeddings:
         check_count(len(texts), max_batch, "texts")
         result = await served.rerank(query, texts, truncate=truncate, truncation_direction=direction.lower())
         scores = result.vectors[:, 0]
@@ -135,11 +136,14 @@ async def classify(req: schemas.PredictRequest, request: Request):
 async def predictions(served: ServedModel, sequences: list[str | tuple[str, str]], max_batch: int, *,
                       truncate: bool | None = None, direction: str = "Right",
                       raw_scores: bool = False) -> tuple[list[list[dict]], EmbedResult]:
-    """/predict's labels for each text or pair, best first: {"score", "label"} each."""
+    """/predict's labels for each text or pair, best first: {"score", "label"} each. A reranker answers too, as
+    TEI's does: its one label, its score through the activation /rerank applies (a sigmoid by default)."""
     check_count(len(sequences), max_batch, "inputs")
     result = await served.classify(sequences, truncate=truncate, truncation_direction=direction.lower())
     scores = result.vectors.astype(np.float64)
-    if not raw_scores and served.info.manifest.get("multi_label"):
+    if not raw_scores and served.info.is_cross_encoder:
+        scores = SCORE_ACTIVATIONS[served.info.manifest.get("score_activation", "Sigmoid")](scores)
+    elif not raw_scores and served.info.manifest.get("multi_label"):
         scores = SCORE_ACTIVATIONS["Sigmoid"](scores)
     elif not raw_scores:
         scores = np.exp(scores - scores.max(axis=1, keepdims=True))
@@ -169,16 +173,26 @@ async def decode(req: schemas.DecodeRequest, request: Request):
     return NumpyJSONResponse(await run_in_threadpool(served.decode, sequences, req.skip_special_tokens))
 
 
-@router.post("/", summary="Embed or compare, by the body's shape",
+@router.post("/", summary="The model's task: embed or compare by the body's shape, classify, or rerank",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                  "anyOf": [{"$ref": "#/components/schemas/EmbedRequest"},
-                           {"$ref": "#/components/schemas/SimilarityRequest"}]}}}}})
+                           {"$ref": "#/components/schemas/SimilarityRequest"},
+                           {"$ref": "#/components/schemas/PredictRequest"},
+                           {"$ref": "#/components/schemas/RerankRequest"}]}}}}})
 async def predict(request: Request):
-    """`{"inputs": str | [str]}` embeds (as /embed); `{"inputs": {"source_sentence", "sentences"}}`
-    compares (as /similarity). This is where huggingface_hub's InferenceClient sends both tasks."""
+    """As TEI's bare route, the task of the model (the body's `model`, else the default): a classifier's is
+    /predict, a reranker's /rerank; an embedding model's `{"inputs": str | [str]}` embeds (as /embed) and
+    `{"inputs": {"source_sentence", "sentences"}}` compares (as /similarity). This is where huggingface_hub's
+    InferenceClient sends its tasks (feature_extraction, sentence_similarity, text_classification)."""
     body = read_json(await request.body())
     inputs = body.get("inputs") if isinstance(body, dict) else None
+    name = body.get("model") if isinstance(body, dict) else None
+    info = model(request, name if isinstance(name, str) else None).info
     try:
+        if info.is_classifier:
+            return await classify(schemas.PredictRequest.model_validate(body), request)
+        if info.is_cross_encoder:
+            return await rerank(schemas.RerankRequest.model_validate(body), request)
         if isinstance(inputs, dict):
             return await similarity(schemas.SimilarityRequest.model_validate(body), request)
         return await embed(schemas.EmbedRequest.model_validate(body), request)
