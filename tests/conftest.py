@@ -22,8 +22,8 @@ _REPO_DATA_EXISTED = (REPO / "data").exists()
 #: the end-to-end modules (`make test-fast` leaves them out, `make test` runs them): a live `python -m service`
 #: process or the image's entrypoint, a training run, the deployment tools, a benchmark, the real
 #: all-mpnet-base-v2, `make` itself
-E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_cohere", "test_datasets", "test_deploy",
-               "test_distributed", "test_families", "test_index_durability", "test_mpnet", "test_mteb",
+E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_clients", "test_cohere", "test_datasets",
+               "test_deploy", "test_distributed", "test_families", "test_index_durability", "test_mpnet", "test_mteb",
                "test_processes", "test_readme", "test_resume", "test_train_smoke"}
 
 
@@ -123,6 +123,44 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """`python -m service` as users start it, on a free localhost port: this environment with `env` over it (its
+    SEMBED_MODELS and the like), one API process, an in-memory index, its output in `log`. `.url` once ready; on
+    exit, SIGTERM and a wait for it to stop (SIGKILL past `timeout`)."""
+
+    def __init__(self, env: dict[str, str], log: Path, timeout: float = 180):
+        self.env, self.log, self.timeout = env, log, timeout
+        self.url = ""
+
+    def __enter__(self):
+        import subprocess
+        import sys
+
+        port = free_port()
+        env = {**os.environ, "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1", "SEMBED_API_WORKERS": "1",
+               "SEMBED_INDEX_PATH": ":memory:", "SEMBED_ACCESS_LOG": "false", **self.env}
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(self.url, self.proc, self.log, timeout=self.timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class LiveServer:
