@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-int8", action="store_true", help="write no int8 variant")
     parser.add_argument("--no-fp16", action="store_true", help="write no fp16 variant")
     parser.add_argument("--data-dir", type=Path, help="a data folder holding STS-B (as for training): the "
-                        "variants' STS-B dev Spearman is measured and checked")
+                        "variants' STS-B dev Spearman is measured and checked; and its unlabelled corpus "
+                        "(corpus/wordnet-sentences.txt): int8 / uint8 output is calibrated on it")
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model's own modelling code "
                         "from its directory or the hub (NomicBERT, JinaBERT, GTE): only for a model you trust; the "
                         "parity check still guards the graph")
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                   f" (measured on {q['measured_on']})" + (f"; {kept} MatMuls kept in float32" if kept else ""))
     for variant, reason in (getattr(manifest, "variants_left_out", None) or {}).items():
         print(f"  {variant}: left out ({reason})")
+    if manifest.calibration:
+        print(f"  int8 / uint8 output: ranges from {manifest.calibration['sentences']} sentences "
+              f"({manifest.calibration['source']}) at dimensions {', '.join(manifest.calibration['ranges'])}")
     print(f"serve it with: MODEL_DIR={args.out} make serve")
     return 0
 
