@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -19,7 +16,7 @@ import pytest
 from sentence_transformers import quantize_embeddings
 
 from service.manifest import MANIFEST_FILE
-from tests.conftest import REPO, free_port, wait_ready
+from tests.conftest import ServiceProcess
 
 cohere = pytest.importorskip("cohere")
 from cohere.core.api_error import ApiError as CohereError  # noqa: E402 - after the skip
@@ -69,21 +66,9 @@ def served(default_export, reranker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cohere")
     minilm = _copy(default_export, tmp / "minilm", prompts=PROMPTS)
     legacy = _copy(default_export, tmp / "legacy", calibration=None)
-    port = free_port()
-    env = {**os.environ, "SEMBED_MODELS": f"minilm={minilm},legacy={legacy},reranker={reranker}",
-           "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1", "SEMBED_API_WORKERS": "1",
-           "SEMBED_INDEX_PATH": ":memory:", "SEMBED_ACCESS_LOG": "false"}
-    log = tmp / "service.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log, timeout=180)
-        yield url, json.loads((minilm / MANIFEST_FILE).read_text())
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    with ServiceProcess({"SEMBED_MODELS": f"minilm={minilm},legacy={legacy},reranker={reranker}"},
+                        tmp / "service.log") as service:
+        yield service.url, json.loads((minilm / MANIFEST_FILE).read_text())
 
 
 @pytest.fixture(scope="module")
