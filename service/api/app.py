@@ -70,7 +70,14 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
         await run_in_threadpool(prepare_default_collection, app.state.index, settings, reg.resolve(), reg.get().info)
         await run_in_threadpool(index.count_documents, metrics, app.state.index)
         log.info("serving %s", ", ".join(reg.names()))
+        grpc = None
+        if settings.grpc_port:  # TEI's gRPC API beside HTTP (docs/grpc.md); grpcio loads only where it is on
+            from service.api.grpc.server import GrpcServer
+
+            grpc = app.state.grpc = await GrpcServer.start(reg, settings, keys, __version__)
         yield
+        if grpc is not None:  # begun with HTTP's drain (service/api/server.py); finished before the engines go
+            await grpc.stop(settings.shutdown_grace_s)
         await reg.close()
         await run_in_threadpool(app.state.index.close)
 

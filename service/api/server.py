@@ -2,7 +2,8 @@
 
 On SIGTERM (what Kubernetes and `docker stop` send) readiness fails first, so load balancers stop
 routing here; after `drain_delay_s` uvicorn stops accepting, lets in-flight requests finish for up
-to `shutdown_grace_s`, then the engines finish their queues and the process exits. A second signal
+to `shutdown_grace_s` (the gRPC server, where SEMBED_GRPC_PORT is set, does the same beside it), then the
+engines finish their queues and the process exits. A second signal
 exits at once.
 """
 
@@ -38,6 +39,12 @@ class DrainingServer(uvicorn.Server):
         timer = threading.Timer(self.drain_delay_s, super().handle_exit, (sig, frame))
         timer.daemon = True
         timer.start()
+
+    async def shutdown(self, sockets=None) -> None:
+        grpc = getattr(self.app_state, "grpc", None)
+        if grpc is not None:  # TEI's gRPC API stops taking calls and drains those it holds beside HTTP's
+            grpc.begin_stop(self.config.timeout_graceful_shutdown or 0)
+        await super().shutdown(sockets)
 
 
 def build_server(app: Starlette, settings: Settings, **config) -> DrainingServer:

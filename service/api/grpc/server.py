@@ -1,0 +1,359 @@
+"""TEI's gRPC services (Info, Embed, Predict, Rerank, Tokenize and their streams) on grpcio's aio server, in the
+API process's event loop, beside HTTP: the same models (`registry`), the same route functions
+(service/api/routes/tei.py), the same API keys, the same limits.
+
+- A model is picked by the call's `model` metadata, as the JSON routes' `model` field picks one (TEI's proto has
+  no such field); none: the default model.
+- Errors take TEI's codes (its router/src/grpc/server.rs maps its error types so): a request the model cannot
+  serve is FAILED_PRECONDITION (HTTP's 424), bad input INVALID_ARGUMENT (422), no room RESOURCE_EXHAUSTED (429,
+  with `retry-after` in the trailing metadata), an unknown model NOT_FOUND, a missing or wrong key
+  UNAUTHENTICATED, not ready UNAVAILABLE. Messages are parsed here, not by grpcio (whose answer to bytes that
+  do not parse is INTERNAL): a malformed one is INVALID_ARGUMENT.
+- A message over max_request_bytes is refused by grpcio itself (RESOURCE_EXHAUSTED); a stream is held to what
+  one HTTP request may carry: max_client_batch_size messages (more: INVALID_ARGUMENT) and max_request_bytes in
+  all (more: RESOURCE_EXHAUSTED). A stream's messages run concurrently, as TEI runs them, and are answered in
+  order; the first one refused ends the stream with its status, after the answers before it.
+- `truncate` is the proto's plain bool, as TEI reads it: false (the default) refuses an input over the model's
+  length (INVALID_ARGUMENT) whatever SEMBED_AUTO_TRUNCATE says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError, Message
+
+from service.api.auth import ApiKeys
+from service.api.errors import ApiError, to_api_error
+from service.api.grpc import tei_pb2 as pb
+from service.api.registry import ModelRegistry, ServedModel
+from service.api.routes import tei
+from service.api.routes.ops import tei_info
+from service.ipc.messages import EmbedResult
+from service.settings import Settings
+
+log = logging.getLogger("sembed.grpc")
+
+#: the call metadata that names the model (the JSON routes' `model` field)
+MODEL_KEY = "model"
+PACKAGE = "tei.v1"
+
+_BY_STATUS = {408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+              499: grpc.StatusCode.CANCELLED, 501: grpc.StatusCode.UNIMPLEMENTED}
+# TEI's mapping of its error types, and ours beside them
+_BY_TYPE = {"Validation": grpc.StatusCode.INVALID_ARGUMENT, "Overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "Unhealthy": grpc.StatusCode.UNAVAILABLE, "Backend": grpc.StatusCode.FAILED_PRECONDITION,
+            "Tokenizer": grpc.StatusCode.FAILED_PRECONDITION, "NotFound": grpc.StatusCode.NOT_FOUND,
+            "Unauthorized": grpc.StatusCode.UNAUTHENTICATED}
+_DIRECTIONS: dict[int, str] = {pb.TRUNCATION_DIRECTION_RIGHT: "Right", pb.TRUNCATION_DIRECTION_LEFT: "Left"}
+_MODEL_TYPES: dict[str, pb.ModelType] = {"reranker": pb.MODEL_TYPE_RERANKER, "classifier": pb.MODEL_TYPE_CLASSIFIER,
+                "embedding": pb.MODEL_TYPE_EMBEDDING}
+
+M = TypeVar("M", bound=Message)
+Answer = Callable[[ServedModel, Any], Awaitable[Message]]
+
+
+def status_code(error: ApiError) -> grpc.StatusCode:
+    """The gRPC status of an error the HTTP routes would answer with `error.status`."""
+    code = _BY_STATUS.get(error.status) or _BY_TYPE.get(error.error_type)
+    if code is None:
+        code = grpc.StatusCode.INTERNAL if error.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
+    return code
+
+
+def _parse(kind: type[M], raw: bytes) -> M:
+    try:
+        return kind.FromString(raw)
+    except DecodeError as e:  # a wrong wire type, a truncated field, a string that is not UTF-8
+        raise ApiError(422, f"the message is not a {PACKAGE}.{kind.__name__}: {e}", "Validation") from None
+
+
+def _direction(value: int) -> str:
+    try:
+        return _DIRECTIONS[value]
+    except KeyError:
+        raise ApiError(422, f"truncation_direction {value} is not a TruncationDirection (0: right, 1: left)",
+                       "Validation", param="truncation_direction") from None
+
+
+def _optional(message: Message, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def _metadata(chars: int, result: EmbedResult, start: float) -> pb.Metadata:
+    return pb.Metadata(compute_chars=chars, compute_tokens=result.prompt_tokens,
+                       total_time_ns=int((time.perf_counter() - start) * 1e9),
+                       tokenization_time_ns=int(result.tokenization_s * 1e9), queue_time_ns=int(result.queue_s * 1e9),
+                       inference_time_ns=int(result.inference_s * 1e9))
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+class TeiService:
+    """The handlers of tei.proto's five services. Requests arrive as bytes (no deserializer given to grpcio) and
+    are parsed by `_parse`, so a malformed one is answered as bad input."""
+
+    def __init__(self, registry: ModelRegistry, settings: Settings, keys: ApiKeys, version: str):
+        self.registry = registry
+        self.settings = settings
+        self.keys = keys
+        self.version = version
+        self.max_batch = settings.max_client_batch_size
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        unary, stream = self._unary, self._stream
+        services: dict[str, dict[str, grpc.RpcMethodHandler]] = {
+            "Info": {"Info": unary("Info", pb.InfoRequest, self.info)},
+            "Embed": {"Embed": unary("Embed", pb.EmbedRequest, self.embed),
+                      "EmbedStream": stream("EmbedStream", pb.EmbedRequest, self.embed),
+                      "EmbedSparse": unary("EmbedSparse", pb.EmbedSparseRequest, self.not_served),
+                      "EmbedSparseStream": stream("EmbedSparseStream", pb.EmbedSparseRequest, self.not_served),
+                      "EmbedAll": unary("EmbedAll", pb.EmbedAllRequest, self.not_served),
+                      "EmbedAllStream": stream("EmbedAllStream", pb.EmbedAllRequest, self.not_served)},
+            "Predict": {"Predict": unary("Predict", pb.PredictRequest, self.predict),
+                        "PredictPair": unary("PredictPair", pb.PredictPairRequest, self.predict_pair),
+                        "PredictStream": stream("PredictStream", pb.PredictRequest, self.predict),
+                        "PredictPairStream": stream("PredictPairStream", pb.PredictPairRequest, self.predict_pair)},
+            "Rerank": {"Rerank": unary("Rerank", pb.RerankRequest, self.rerank),
+                       "RerankStream": grpc.stream_unary_rpc_method_handler(self._rerank_stream,
+                                                                            response_serializer=_serialize)},
+            "Tokenize": {"Tokenize": unary("Tokenize", pb.EncodeRequest, self.tokenize),
+                         "TokenizeStream": stream("TokenizeStream", pb.EncodeRequest, self.tokenize),
+                         "Decode": unary("Decode", pb.DecodeRequest, self.decode),
+                         "DecodeStream": stream("DecodeStream", pb.DecodeRequest, self.decode)},
+        }
+        return [grpc.method_handlers_generic_handler(f"{PACKAGE}.{name}", methods)
+                for name, methods in services.items()]
+
+    # --- what every call does first, and how it fails ---------------------------------------------------------
+    def _model(self, context: grpc.aio.ServicerContext, method: str) -> ServedModel:
+        """The key checked as HTTP checks it, then the model the call names (or the default)."""
+        authorization = name = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                authorization = value
+            elif key == MODEL_KEY:
+                name = value
+        refused = self.keys.check(f"/{PACKAGE}.{method}", authorization.encode() if authorization else None)
+        if refused is not None:
+            raise refused
+        if not self.registry.ready:
+            raise ApiError(503, "model not loaded", "Unhealthy")
+        return self.registry.get(name)
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        error = to_api_error(exc, self.settings.retry_after_s)
+        if error.status >= 500 and error.status not in (501, 503):
+            log.error("gRPC call failed", exc_info=exc)
+        retry = [("retry-after", v) for k, v in error.headers.items() if k.lower() == "retry-after"]
+        await context.abort(status_code(error), error.message, tuple(retry))
+
+    def _unary(self, method: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+            try:
+                served = self._model(context, method)
+                return await answer(served, _parse(kind, raw))
+            except Exception as e:
+                await self._abort(context, e)
+                raise  # abort raised already: for the type checker
+
+        return grpc.unary_unary_rpc_method_handler(call, response_serializer=_serialize)
+
+    def _stream(self, method: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
+        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+            queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+            reader = None
+            try:
+                served = self._model(context, method)
+                reader = asyncio.ensure_future(self._read(requests, kind, served, answer, queue))
+                while (item := await queue.get()) is not None:
+                    yield await item
+            except Exception as e:
+                await self._abort(context, e)
+            finally:
+                if reader is not None:
+                    reader.cancel()
+                while not queue.empty():  # the answers nobody will read
+                    left = queue.get_nowait()
+                    if left is not None:
+                        left.cancel()
+                        if left.done() and not left.cancelled():
+                            left.exception()  # retrieved: no "never retrieved" warning
+
+        return grpc.stream_stream_rpc_method_handler(call, response_serializer=_serialize)
+
+    async def _read(self, requests: AsyncIterator[bytes], kind: type[Message], served: ServedModel, answer: Answer,
+                    queue: asyncio.Queue[asyncio.Future | None]) -> None:
+        """Each message of a stream, started as it arrives; a refusal ends the stream where it stands."""
+        try:
+            async for parsed in self._messages(requests, kind):
+                queue.put_nowait(asyncio.ensure_future(answer(served, parsed)))
+        except Exception as e:
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(e)
+            queue.put_nowait(failed)
+        else:
+            queue.put_nowait(None)
+
+    async def _messages(self, requests: AsyncIterator[bytes], kind: type[M]) -> AsyncIterator[M]:
+        """A stream's messages, parsed, held to one HTTP request's limits."""
+        n = size = 0
+        async for raw in requests:
+            n += 1
+            size += len(raw)
+            if n > self.max_batch:
+                raise ApiError(422, f"more than {self.max_batch} messages in one stream; the limit "
+                                    "(max_client_batch_size) is one request's: open another stream", "Validation")
+            if size > self.settings.max_request_bytes:
+                raise ApiError(413, f"the stream's messages are over {self.settings.max_request_bytes} bytes in all "
+                                    "(max_request_bytes, one request's): open another stream", "Validation")
+            yield _parse(kind, raw)
+
+    # --- the services -----------------------------------------------------------------------------------------
+    async def info(self, served: ServedModel, _: pb.InfoRequest) -> pb.InfoResponse:
+        fields = tei_info(self.registry, served, self.settings)
+        model_type = _MODEL_TYPES[next(iter(fields["model_type"]))]
+        return pb.InfoResponse(version=self.version, model_id=fields["model_id"], model_sha=fields["model_sha"],
+                               model_dtype=fields["model_dtype"], model_type=model_type,
+                               max_concurrent_requests=fields["max_concurrent_requests"],
+                               max_input_length=fields["max_input_length"],
+                               max_batch_tokens=fields["max_batch_tokens"],
+                               max_batch_requests=fields["max_batch_requests"],
+                               max_client_batch_size=fields["max_client_batch_size"],
+                               tokenization_workers=fields["tokenization_workers"])
+
+    async def embed(self, served: ServedModel, r: pb.EmbedRequest) -> pb.EmbedResponse:
+        start = time.perf_counter()
+        normalize = _optional(r, "normalize")
+        vectors, result = await tei.embed_vectors(
+            served, [r.inputs], self.max_batch, dimensions=_optional(r, "dimensions"),
+            normalize=True if normalize is None else normalize, truncate=r.truncate,
+            direction=_direction(r.truncation_direction), prompt_name=_optional(r, "prompt_name"))
+        return pb.EmbedResponse(embeddings=vectors[0].tolist(), metadata=_metadata(len(r.inputs), result, start))
+
+    async def not_served(self, served: ServedModel, r: Message) -> Message:
+        raise ApiError(501, f"{type(r).__name__.removesuffix('Request')} is not served over gRPC yet",
+                       "Unimplemented")
+
+    async def predict(self, served: ServedModel, r: pb.PredictRequest) -> pb.PredictResponse:
+        return await self._predict(served, r.inputs, r)
+
+    async def predict_pair(self, served: ServedModel, r: pb.PredictPairRequest) -> pb.PredictResponse:
+        if len(r.inputs) not in (1, 2):  # TEI's words
+            raise ApiError(422, f"`inputs` must have a single or two elements. Given: {len(r.inputs)}", "Validation",
+                           param="inputs")
+        return await self._predict(served, r.inputs[0] if len(r.inputs) == 1 else (r.inputs[0], r.inputs[1]), r)
+
+    async def _predict(self, served: ServedModel, sequence: str | tuple[str, str],
+                       r: pb.PredictRequest | pb.PredictPairRequest) -> pb.PredictResponse:
+        start = time.perf_counter()
+        answers, result = await tei.predictions(served, [sequence], self.max_batch, truncate=r.truncate,
+                                                direction=_direction(r.truncation_direction),
+                                                raw_scores=r.raw_scores)
+        chars = len(sequence) if isinstance(sequence, str) else len(sequence[0]) + len(sequence[1])
+        return pb.PredictResponse(predictions=[pb.Prediction(**p) for p in answers[0]],
+                                  metadata=_metadata(chars, result, start))
+
+    async def rerank(self, served: ServedModel, r: pb.RerankRequest) -> pb.RerankResponse:
+        start = time.perf_counter()
+        if not r.texts:  # TEI's words
+            raise ApiError(422, "`texts` cannot be empty", "Validation", param="texts")
+        texts = list(r.texts)
+        scores, result = await tei.rerank_scores(served, r.query, texts, self.max_batch, truncate=r.truncate,
+                                                 direction=_direction(r.truncation_direction),
+                                                 raw_scores=r.raw_scores)
+        chars = len(r.query) * len(texts) + sum(map(len, texts))
+        return pb.RerankResponse(ranks=_ranks(scores, texts, r.return_text), metadata=_metadata(chars, result, start))
+
+    async def _rerank_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Message:
+        """(query, text) pairs, one a message, ranked together. Pairs that share a query (and truncation) are
+        scored as one /rerank request; raw_scores and return_text are the first message's (as TEI reads them)."""
+        try:
+            start = time.perf_counter()
+            served = self._model(context, "Rerank/RerankStream")
+            pairs = [r async for r in self._messages(requests, pb.RerankStreamRequest)]
+            if not pairs:
+                raise ApiError(422, "the stream held no (query, text) pair", "Validation", param="texts")
+            groups: dict[tuple[str, bool, str], list[int]] = {}
+            for i, r in enumerate(pairs):
+                groups.setdefault((r.query, r.truncate, _direction(r.truncation_direction)), []).append(i)
+            scored = await asyncio.gather(*(
+                tei.rerank_scores(served, query, [pairs[i].text for i in rows], self.max_batch, truncate=truncate,
+                                  direction=direction, raw_scores=pairs[0].raw_scores)
+                for (query, truncate, direction), rows in groups.items()))
+            scores = np.empty(len(pairs), dtype=np.float64)
+            for rows, (group_scores, _) in zip(groups.values(), scored):
+                scores[rows] = group_scores
+            results = [result for _, result in scored]
+            total = EmbedResult(np.empty((0, 0), np.float32), sum(x.prompt_tokens for x in results),
+                                sum(x.queue_s for x in results), sum(x.inference_s for x in results),
+                                sum(x.tokenization_s for x in results))
+            chars = sum(len(r.query) + len(r.text) for r in pairs)
+            return pb.RerankResponse(ranks=_ranks(scores, [r.text for r in pairs], pairs[0].return_text),
+                                     metadata=_metadata(chars, total, start))
+        except Exception as e:
+            await self._abort(context, e)
+            raise
+
+    async def tokenize(self, served: ServedModel, r: pb.EncodeRequest) -> pb.EncodeResponse:
+        tokens = await asyncio.to_thread(served.token_details, [r.inputs], r.add_special_tokens,
+                                         _optional(r, "prompt_name"))
+        return pb.EncodeResponse(tokens=[pb.SimpleToken(**{k: v for k, v in t.items() if v is not None})
+                                         for t in tokens[0]])
+
+    async def decode(self, served: ServedModel, r: pb.DecodeRequest) -> pb.DecodeResponse:
+        if not r.ids:
+            raise ApiError(422, "ids is empty: give the token ids to decode", "Validation", param="ids")
+        texts = await asyncio.to_thread(served.decode, [list(r.ids)], r.skip_special_tokens)
+        return pb.DecodeResponse(text=texts[0])
+
+
+def _ranks(scores: np.ndarray, texts: list[str], return_text: bool) -> list[pb.Rank]:
+    order = np.argsort(-scores, kind="stable")
+    if return_text:
+        return [pb.Rank(index=int(i), score=float(scores[i]), text=texts[i]) for i in order]
+    return [pb.Rank(index=int(i), score=float(scores[i])) for i in order]
+
+
+class GrpcServer:
+    """grpcio's aio server on SEMBED_GRPC_PORT, in this process's event loop. Every API process binds the port
+    with SO_REUSEPORT (grpcio's default, set here all the same), so the kernel spreads connections over them as
+    it spreads HTTP's over the supervisor's shared socket."""
+
+    def __init__(self, server: grpc.aio.Server, port: int):
+        self.server = server
+        self.port = port
+        self._stopping: asyncio.Future | None = None
+
+    @classmethod
+    async def start(cls, registry: ModelRegistry, settings: Settings, keys: ApiKeys, version: str) -> GrpcServer:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 1),
+                                          ("grpc.max_receive_message_length", settings.max_request_bytes)])
+        server.add_generic_rpc_handlers(TeiService(registry, settings, keys, version).handlers())
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        try:
+            port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+        except RuntimeError as e:
+            raise RuntimeError(f"gRPC could not listen on {host}:{settings.grpc_port} (SEMBED_GRPC_PORT): in use by "
+                               "another program?") from e
+        await server.start()
+        log.info("TEI's gRPC API on %s:%d", host, port)
+        return cls(server, port)
+
+    def begin_stop(self, grace_s: float) -> None:
+        """Take no new calls from now on; those in flight get `grace_s` to finish (HTTP drains beside it)."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.server.stop(grace_s))
+
+    async def stop(self, grace_s: float) -> None:
+        self.begin_stop(grace_s)
+        assert self._stopping is not None
+        await self._stopping
