@@ -85,10 +85,11 @@ wordnet:
 test: venv wordnet deploy-tools
 	$(PY) -m pytest -q
 
-# The edit-test loop: everything but the end-to-end modules (tests/conftest.py E2E_MODULES: service processes,
-# training runs, deploy tools, benchmarks) and the slow opt-in ones; no apt, no deploy tools. `make test` is CI's.
+# The edit-test loop: the unit tier, everything but the end-to-end modules (tests/conftest.py E2E_MODULES: service
+# processes, training runs, deploy tools, benchmarks), the static checkers (`make lint`) and the slow opt-in tests;
+# no apt, no deploy tools. `make test` (CI's) runs all of them.
 test-fast: venv
-	$(PY) -m pytest -q -m "not e2e and not slow"
+	$(PY) -m pytest -q -m "not e2e and not slow and not static"
 
 # The deployment files' checkers that cannot share .venv: checkov (its pins clash with the dev environment's) in a
 # venv of its own, pinned by deploy/checkov-requirements.txt; promtool from Debian's prometheus package.
@@ -151,8 +152,9 @@ INDEX_ARGS ?=
 bench-index: venv
 	$(PY) -m benchmarks.index --sizes $(SIZES) --out results/bench-index.json $(INDEX_ARGS)
 
+# ruff, mypy, import-linter, vulture and deptry, as the suite runs them (tests/conftest.py STATIC_MODULES)
 lint: venv
-	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m static
 
 # Train with an objective, keep the best checkpoint on the SELECT dev set, export it: models/<method>-<timestamp>/.
 # SELECT: stsb-dev | retrieval:<BEIR folder>[:split] | pairs:<tsv> | last (training.selection).

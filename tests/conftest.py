@@ -22,15 +22,23 @@ _REPO_DATA_EXISTED = (REPO / "data").exists()
 #: the end-to-end modules (`make test-fast` leaves them out, `make test` runs them): a live `python -m service`
 #: process or the image's entrypoint, a training run, the deployment tools, a benchmark, the real
 #: all-mpnet-base-v2, `make` itself
-E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_clients", "test_cohere", "test_datasets",
-               "test_deploy", "test_distributed", "test_families", "test_index_durability", "test_mpnet", "test_mteb",
+E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_clients", "test_cohere", "test_datasets", "test_deploy",
+               "test_distributed", "test_families", "test_grpc", "test_index_durability", "test_mpnet", "test_mteb",
                "test_processes", "test_readme", "test_resume", "test_train_smoke"}
+
+
+#: the static checks (`make lint` runs them, `make test-fast` leaves them out, `make test` runs them): ruff, mypy,
+#: import-linter, vulture, deptry — whole-tree tools, not behaviour
+STATIC_MODULES = {"test_dead_code", "test_dependencies", "test_layers", "test_lint", "test_types"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        if module in E2E_MODULES:
             item.add_marker(pytest.mark.e2e)
+        if module in STATIC_MODULES:
+            item.add_marker(pytest.mark.static)
 
 
 def pytest_sessionfinish(session, exitstatus):
