@@ -248,12 +248,10 @@ INT8_BLOCK_SIZE = 128
 
 #: the int8 graph of an export, by variant: its file, how `build_int8` keeps the early feed-forward outputs (the
 #: MatMuls one uint8 scale per tensor resolves worst) precise, and which layers' (counted from the input). One
-#: graph, "rows", for every CPU: it is the faster one with and without VNNI (vs sentence-transformers' int8,
-#: short / long texts: 1.11x / 1.15x against the by-blocks graph's 1.07x / 1.09x on 2 threads of a 16-core Xeon
-#: with AVX-512 VNNI and AMX; on an AVX2 EPYC MatMulNBits' per-block kernel costs more than float32), at the same
-#: cosine; and it gives the same vectors on every x86 CPU, where MatMulNBits' kernels differ per instruction set:
-#: a by-blocks graph exported on the AVX2 machine was 1.7e-2 off its golden vectors on the Xeon (tolerance 1e-3),
-#: so a service there never became ready (RESULTS.md)
+#: graph, "rows", for every CPU: it is the faster one with and without VNNI (MatMulNBits' per-block kernel is slow
+#: without VNNI), at the same cosine; and it gives the same vectors on every x86 CPU, where MatMulNBits' kernels
+#: differ per instruction set, so a by-blocks graph exported on one CPU can fail its golden check on another
+#: (RESULTS.md, "int8 against sentence-transformers' one-call int8"; docs/int8.md)
 INT8_GRAPHS = {"int8": (INT8_FILE, "rows", (0, 1, 2))}
 
 
@@ -436,8 +434,8 @@ def row_scaled(model, names: set[str]) -> int:
             continue
         x, name = node.input[0], node.name
         axis = [] if last_axis else ["row_scale_axis"]
-        # max |x| as max(max x, -min x): two reads of x, where Abs would write a copy of it to read (5 of 16.5 ms
-        # per batch of 32 long texts for three [4096, 1536] inputs, one thread; int8_profile)
+        # max |x| as max(max x, -min x): two reads of x, where Abs would write a copy of it to read (a third of the
+        # pass's time on the widest inputs: benchmarks.int8_profile)
         nodes += [helper.make_node("ReduceMax", [x] + axis, [f"{name}_hi"], name=f"{name}_hi", keepdims=1, **last_axis),
                   helper.make_node("ReduceMin", [x] + axis, [f"{name}_lo"], name=f"{name}_lo", keepdims=1, **last_axis),
                   helper.make_node("Neg", [f"{name}_lo"], [f"{name}_neg_lo"], name=f"{name}_neg_lo"),
@@ -521,11 +519,10 @@ def plain_layer_norms(model) -> int:
     """Each com.microsoft SkipLayerNormalization as the residual sum and the LayerNormalization it fuses, when only
     its first output is read; how many. The same values, on kernels that are faster and spread over the threads:
 
-    - onnxruntime 1.31's CPU SkipLayerNormalization took 9.3 ms on a [32, 128, 384] float32 batch with one thread
-      and 4.8 with two, where Sub + LayerNormalization took 2.5 and 1.8 (`python -m benchmarks.ops`, the 2-core
-      EPYC; RESULTS.md);
+    - onnxruntime 1.31's CPU SkipLayerNormalization is several times slower than Sub + LayerNormalization
+      (`python -m benchmarks.ops`);
     - but onnxruntime fuses Add + LayerNormalization back into it when it loads the graph, and Sum, which it does
-      not fuse, runs on one thread whatever the session's count (2.2 ms with one thread, 2.0 with two);
+      not fuse, runs on one thread whatever the session's count;
     - so where the input is an int8 GEMM's product (`_integer_matmul`), that GEMM's weights and bias are negated
       (exact: symmetric int8 weights) and the sum is skip - (-(x W + b)): a Sub, which nothing fuses, after an Add
       of the negated bias that onnxruntime folds into the GEMM (not after a row-scaled GEMM's Mul: there it stays
@@ -580,12 +577,11 @@ def plain_layer_norms(model) -> int:
 
 def plain_gelu(model) -> int:
     """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, within
-    4.7e-4 of the erf GELU, far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu took 11.8 ms of
-    CPU on a [32, 128, 1536] batch where Sum + Gelu took 6.5 (one thread; 9.1 against 7.2 with two), and FastGelu
-    takes 0.7-0.75x Gelu's time (6.8 / 9.4 ms with one thread, 4.0 / 5.4 with two; `python -m benchmarks.ops`).
+    4.7e-4 of the erf GELU, far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu is slower than
+    Sum + Gelu, and FastGelu faster than Gelu (`python -m benchmarks.ops`).
     The bias goes into the int8 GEMM before it where there is one (an Add after its output scale, which
-    onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor less, 2 % of a row-scaled int8 pass on
-    long texts); elsewhere a Sum, as in `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
+    onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor less); elsewhere a Sum, as in
+    `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
     from onnx import helper
 
     producers = {output: node for node in model.graph.node for output in node.output}

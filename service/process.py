@@ -35,11 +35,10 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 64 <
 
     A batch's arrays are hundreds of KB (256 vectors of 384 float32: 393 KB). By default glibc serves
     such sizes from fresh mmaps, or trims them off the heap's top once freed, so the next request's
-    buffers fault in from the kernel again, page by page: allocating, filling and freeing a 256-text
-    request's two arrays took 418-514 µs (160 faults), 19-49 µs with these thresholds (`python -m
-    benchmarks.micro`, 2-core EPYC). Fixed thresholds keep blocks
-    under 32 MB in the heap and keep up to 64 MB of freed heap top for reuse. False where the C library
-    has no mallopt (not glibc): nothing changes there.
+    buffers fault in from the kernel again, page by page, on every request (`python -m benchmarks.micro`
+    measures both; RESULTS.md, "The server's own CPU"). Fixed thresholds keep blocks under 32 MB in the
+    heap and keep up to 64 MB of freed heap top for reuse. False where the C library has no
+    mallopt (not glibc): nothing changes there.
     """
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:

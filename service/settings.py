@@ -37,7 +37,7 @@ class Settings(BaseSettings):
                            "the export); fails at start where TensorRT is not installed")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
     intra_op_spinning: bool = Field(True, description="onnxruntime threads busy-wait within a pass (never "
-                                    "between passes, where HTTP needs the CPU): short passes gain most (README)")
+                                    "between passes, where HTTP needs the CPU): short passes gain most (RESULTS.md)")
     # With padded lengths a multiple of this, a text's vector has the same bits whatever batch it
     # shares; 0 measures the smallest such multiple for this CPU at start (see backends/onnx.py).
     pad_to_multiple_of: int = Field(0, ge=0, description="pad every pass to a multiple of this many tokens; 0 = "
@@ -65,7 +65,7 @@ class Settings(BaseSettings):
 
     # --- the engine -------------------------------------------------------------------------------
     # Unset: TEI's 16384 on a GPU; 4096 on a CPU, where a 16384-token pass takes seconds (a one-text
-    # request waits for it) and holds twice the memory, for no more throughput (measured: README).
+    # request waits for it) and holds twice the memory, for no more throughput (RESULTS.md, Serving on a CPU).
     max_batch_tokens: int | None = Field(None, ge=16, description="tokens per forward pass, padding included")
     # Unset: 64 on a CPU (a pass of more short rows is no faster per row there, and a one-text request
     # would wait for it); 1024 on a GPU, where a pass of 1024 short rows costs about what 64 do, so the

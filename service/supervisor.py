@@ -97,8 +97,8 @@ def api_main(settings: Settings, topology: Topology, listener: socket.socket, nu
     _title(f"sembed: api {number}")
     _logging()
     # The API processes are the parallelism: a tokenizers thread pool in each (a thread per core) only
-    # oversubscribes the cores. On a 16-core host with 8 API processes (make bench-frontend, null backend)
-    # batch-32 requests cost 114 µs of server CPU per sentence without the pools, 195 µs with them.
+    # oversubscribes the cores: the pools cost server CPU per sentence (make bench-frontend; RESULTS.md,
+    # "The server's own CPU").
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from service.api.app import create_app
     from service.api.server import build_server

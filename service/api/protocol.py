@@ -6,8 +6,8 @@ its own deadline in the request guard; this one covers everything before the req
 
 A client that hangs up before its answer is sent: the protocol learns it first (connection_lost) and calls
 the hook the request guard left in the request's scope, which cancels the request. ASGI's own way, a task
-per request waiting on `receive()` for http.disconnect, cost 9-17 µs a request (uvloop, 2-core EPYC:
-`python -m benchmarks.micro`).
+per request waiting on `receive()` for http.disconnect, costs a task per request (`python -m benchmarks.micro`
+measures it; RESULTS.md, "The server's own CPU").
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Messages of several frames over a Unix stream socket: the API processes' connection to an engine.
 
 ZeroMQ's ipc transport carried this path until its own I/O threads showed up in every request's latency: a
-message crosses one on each side, two more thread wake-ups each way, and on the 2-core VM an idle round trip to
-another process took 356–656 µs over ZeroMQ ipc against 51–70 µs over a plain Unix socket (`python -m
-benchmarks.micro`; RESULTS.md). So the engine and its clients write to the socket themselves, framed as
+message crosses one on each side, two more thread wake-ups each way, several times a plain Unix socket's round
+trip (`python -m benchmarks.micro`; RESULTS.md, "The server's own CPU"). So the engine and its clients write to
+the socket themselves, framed as
 
     [u32 frame count n][u32 length] × n, then the n frames' bytes, end to end
 
