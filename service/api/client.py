@@ -48,8 +48,8 @@ class EngineClient(Protocol):
     @property
     def ready(self) -> bool: ...
 
-    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
-                    timeout_s: float | None = None) -> EmbedResult: ...
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
+                    tokens: bool = False) -> EmbedResult: ...
 
     async def health(self) -> None: ...
 
@@ -71,9 +71,9 @@ class InProcessEngineClient:
     def in_flight(self) -> int:
         return self.engine.in_flight
 
-    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
-                    timeout_s: float | None = None) -> EmbedResult:
-        return await self.engine.embed(batch, normalize=normalize, timeout_s=timeout_s)
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
+                    tokens: bool = False) -> EmbedResult:
+        return await self.engine.embed(batch, normalize=normalize, timeout_s=timeout_s, tokens=tokens)
 
     async def health(self) -> None:
         await asyncio.to_thread(self.engine.backend.health)
@@ -153,9 +153,13 @@ class SocketEngineClient:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def embed(self, batch: TokenBatch, *, normalize: bool = True,
-                    timeout_s: float | None = None) -> EmbedResult:
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
+                    tokens: bool = False) -> EmbedResult:
+        """`batch`'s vectors, [n, dim]; with `tokens`, every row's token states end to end, [total tokens, hidden]
+        (TEI's /embed_all)."""
         header = {"op": "embed", "normalize": normalize, "timeout_s": timeout_s, "rows": len(batch)}
+        if tokens:  # only then: /embed's header stays as it was
+            header["tokens"] = True
         reply, frames = await self._call(header, batch_frames(batch))
         vectors = np.frombuffer(frames[0], dtype="<f4").reshape(reply["shape"])
         return EmbedResult(vectors, reply["prompt_tokens"], reply["queue_s"], reply["inference_s"])

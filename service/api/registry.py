@@ -73,7 +73,9 @@ class ServedModel:
                     prompt_name: str | None = None, instruction: str | None = None) -> EmbedResult:
         """Texts, each after its prompt (`prompt`), or inputs already tokenised as the model's own token ids
         (taken as they are: no prompt applies to them, and naming one is refused)."""
-        if not self.info.gives_embeddings:
+        if self.info.is_sparse and normalize:  # as TEI: a SPLADE vector is served whole, never normalised
+            raise self.wrong_kind("`normalize` is not available for SPLADE models")
+        if not (self.info.gives_embeddings or self.info.is_sparse):
             raise self.wrong_kind("Model is not an embedding model")
         truncate = self.auto_truncate if truncate is None else truncate
         with self._holding():
@@ -216,8 +218,7 @@ class ServedModel:
         (indices ascending, values float32), no more than the model's max_active_dims (its largest values, as
         SparseEncoder.encode keeps them)."""
         if not self.info.is_sparse:
-            raise WrongModelType(f"Model is not an embedding model with SPLADE pooling: model {self.info.model} is "
-                                 f"{self.info.described}")
+            raise self.wrong_kind("Model is not an embedding model with SPLADE pooling")
         with self._holding():
             start = time.perf_counter()
             batch = await self._text_batch(texts, truncate, truncation_direction, prompt_name)

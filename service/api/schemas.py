@@ -182,6 +182,32 @@ class DecodeRequest(_TeiRequest):
         return cast(list[list[int]], self.ids if isinstance(self.ids[0], list) else [self.ids])
 
 
+class _TokenStatesRequest(_TeiRequest):
+    inputs: str | NonEmpty[str] = Field(description="one text or a list of texts",
+                                        examples=[["A man is playing a guitar."]])
+    truncate: StrictBool | None = Field(None, description="cut inputs over the model's max_seq_length tokens; "
+                                        "false: such inputs get 422; unset: the server's auto_truncate")
+    truncation_direction: TruncationDirection = Field("Right", description="which end a cut removes")
+    prompt_name: str | None = Field(None, description=_PROMPT_NAME, examples=["query"])
+
+    @property
+    def texts(self) -> list[str]:
+        return _as_list(self.inputs)
+
+
+class EmbedSparseRequest(_TokenStatesRequest):
+    """TEI's /embed_sparse body: a sparse (SPLADE) model's vector of each text."""
+
+
+class EmbedAllRequest(_TokenStatesRequest):
+    """TEI's /embed_all body: every token's embedding of each text (the transformer's last hidden state)."""
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
+
+
 class Token(BaseModel):
     id: int
     text: str
@@ -264,6 +290,9 @@ class SearchRequest(_Request):
     score_threshold: float | None = Field(None, description="only hits scoring at least this")
     ef_search: int | None = Field(None, ge=1, description="HNSW: candidates explored (>= k; default 128)")
     nprobe: int | None = Field(None, ge=1, description="IVF: lists visited (default 16)")
+    oversample: int | None = Field(None, ge=1, le=100, description="quantized collections: k × this candidates "
+                                   "from the compact structure are rescored with the float vectors (default: "
+                                   "SEMBED_INDEX_OVERSAMPLE)")
     include: list[IncludeField] = Field(["text", "metadata"], description="fields returned with each hit")
 
     @model_validator(mode="after")
@@ -297,6 +326,9 @@ class CreateCollectionRequest(_Request):
     model: str | None = Field(None, description="the served model that embeds its texts (unset: the default)")
     vectors_only: StrictBool = Field(False, description="true: documents bring their own vectors, no model")
     dimension: int | None = Field(None, ge=1, le=65536, description="vectors_only: the vectors' dimension")
+    quantization: Literal["none", "int8", "binary"] = Field("none", description="what the searched structure "
+                                                            "stores: float vectors (none), int8 codes or sign bits "
+                                                            "(binary); the float vectors rescore its best candidates")
 
 
 class ModelStampOut(BaseModel):
@@ -312,6 +344,7 @@ class CollectionOut(BaseModel):
     count: int
     sequence: int = Field(description="the last durable write to this collection")
     ann_ready: bool = Field(description="false while the ANN structure trains or rebuilds (search is exact)")
+    quantization: str = Field("none", description="none, int8 or binary")
 
 
 class CollectionsOut(BaseModel):

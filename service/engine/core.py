@@ -35,6 +35,7 @@ from service.ipc.messages import (
     Overloaded,
     QueueDeadline,
     TokenBatch,
+    WrongModelType,
 )
 from service.metrics import EngineMetrics
 from service.settings import Settings
@@ -114,17 +115,20 @@ class Engine:
 
     # --- the request path ------------------------------------------------------------------------
     def submit(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
-               on_done: Callable[[Job], object], context: Any = None) -> Job:
+               on_done: Callable[[Job], object], context: Any = None, tokens: bool = False) -> Job:
         """Admit and queue token ids already checked and truncated by the API process; `on_done(job)` is
         called once, from an engine thread. Every submitted job is `release`d once by its submitter, from
-        the submitting thread (the held count is that thread's alone)."""
+        the submitting thread (the held count is that thread's alone). With `tokens`, the job's answer is every
+        row's token states end to end (TEI's /embed_all)."""
         if not self.ready:
             raise NotReady(f"model {self.info.model} is not ready")
         if len(batch) == 0:
             raise InvalidInput("no inputs")
+        if tokens and not self.info.token_dimension:
+            raise WrongModelType(self.info.token_refusal)
         self._admit(batch)
-        job = Job(batch, self.info.dimension, time.monotonic() + (timeout_s or self.config.request_timeout_s),
-                  on_done, context, normalize)
+        job = Job(batch, self.info.token_dimension if tokens else self.info.dimension,
+                  time.monotonic() + (timeout_s or self.config.request_timeout_s), on_done, context, normalize, tokens)
         self._held_inputs += job.size
         self.queue.put(job)
         return job
@@ -145,11 +149,12 @@ class Engine:
         self.metrics.queue_seconds.observe(queue_s)
         return EmbedResult(job.vectors, job.prompt_tokens, queue_s, job.inference_s)
 
-    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None) -> EmbedResult:
+    async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
+                    tokens: bool = False) -> EmbedResult:
         """The same, awaited on an event loop in this process (tests, tools)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = self.submit(batch, normalize=normalize, timeout_s=timeout_s,
+        job = self.submit(batch, normalize=normalize, timeout_s=timeout_s, tokens=tokens,
                           on_done=lambda j: loop.call_soon_threadsafe(_resolve, future))
         try:
             await future
@@ -200,8 +205,12 @@ class Engine:
         batch = TokenBatch.concat([job.rows(start, n) for job, start, n in parts])
         seq_len = padded_length(max(job.longest(start, n) for job, start, n in parts), self.pad_to_multiple_of)
         start_time = time.perf_counter()
+        states = None
         try:
-            normalized, raw = self.backend.run(batch, seq_len)
+            if any(job.token_states for job, _, _ in parts):  # /embed_all's rows: this pass gives token states too
+                normalized, raw, states = self.backend.run_tokens(batch, seq_len)  # type: ignore[attr-defined]
+            else:
+                normalized, raw = self.backend.run(batch, seq_len)
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each row alone gives the same bits as in the batch
                 for job, start, n in parts:
@@ -218,7 +227,7 @@ class Engine:
         row = 0
         for job, start, n in parts:  # a job's rows are consecutive in the pass: one slice each
             job.inference_s += seconds
-            job.fill(start, normalized[row:row + n], raw[row:row + n])
+            job.fill(start, normalized[row:row + n], raw[row:row + n], None if states is None else states[row:row + n])
             row += n
 
 

@@ -43,6 +43,7 @@ class Job:
     on_done: Callable[[Job], object]
     context: Any = None  # the submitter's own: whom to answer
     normalize: bool = True  # which of a pass's two outputs the request wants: only that one is kept
+    token_states: bool = False  # TEI's /embed_all: every row's token states, end to end ([tokens, dimension]), instead
     vectors: np.ndarray = field(init=False)
     error: BaseException | None = None
     cancelled: bool = False  # the caller left: rows not yet run are dropped
@@ -75,7 +76,7 @@ class Job:
                 lengths = lengths[self._order]
             self._sorted = lengths.tolist()
             self._cumulative = [0, *np.cumsum(lengths).tolist()]
-        self.vectors = np.empty((n, self.dimension), dtype=np.float32)
+        self.vectors = np.empty((self.batch.tokens if self.token_states else n, self.dimension), dtype=np.float32)
         self._pending = n
         self.prompt_tokens = self._cumulative[-1]
 
@@ -93,17 +94,29 @@ class Job:
     def tokens(self, start: int, n: int) -> int:
         return self._cumulative[start + n] - self._cumulative[start]
 
-    def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray) -> None:
-        """The vectors of the rows at scheduling positions start.. (one pass's share of this job)."""
+    def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray, states: np.ndarray | None = None) -> None:
+        """The vectors of the rows at scheduling positions start.. (one pass's share of this job); a token job's
+        from `states` [n, seq, dimension], each row's real tokens."""
         vectors = normalized if self.normalize else raw
         n = len(vectors)
-        if self._order is None:
+        if self.token_states:
+            self._fill_tokens(start, n, states)
+        elif self._order is None:
             self.vectors[start:start + n] = vectors
         else:
             self.vectors[self._order[start:start + n]] = vectors
         self._pending -= n
         if self._pending == 0:
             self._finish()
+
+    def _fill_tokens(self, start: int, n: int, states: np.ndarray | None) -> None:
+        if states is None:
+            raise RuntimeError("a token job's rows ran without the token output")
+        offsets = self.batch.offsets
+        rows = range(start, start + n) if self._order is None else self._order[start:start + n]
+        for k, (row, length) in enumerate(zip(rows, self._sorted[start:start + n])):
+            first = int(offsets[row])
+            self.vectors[first:first + length] = states[k, :length]
 
     def fail(self, error: BaseException) -> None:
         if not self._finished:

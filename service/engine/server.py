@@ -10,7 +10,7 @@ already awake. A connection that closes (its API process died) cancels the rows 
 
     hello   → the model's info (what the API process needs to validate and answer)
     ping    → pong: alive, ready, queue stats (the clients' heartbeat: a hung engine is noticed)
-    embed   → vectors, or an error kind the client raises as the same class
+    embed   → vectors (with "tokens": every row's token states), or an error kind the client raises as the same class
     cancel  → the caller left: its rows not yet run are dropped
     health  → a real forward pass (TEI's /health)
 """
@@ -219,7 +219,7 @@ class EngineServer:
                 job = self.engine.submit(batch_from_frames(header["rows"], *frames),
                                          normalize=header.get("normalize", True),
                                          timeout_s=header.get("timeout_s"), on_done=self._finished,
-                                         context=(peer, request_id))
+                                         context=(peer, request_id), tokens=header.get("tokens", False))
             except Exception as e:
                 if not isinstance(e, EngineError):
                     log.exception("request failed in the engine")

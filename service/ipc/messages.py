@@ -6,7 +6,8 @@ one small msgpack header per message. No per-text Python object is ever serialis
 
     embed   [header with {"rows": n}, offsets int64 [n+1] + ids int32 (all rows end to end) + type_ids int8
             (or nothing), in one buffer]
-    answer  [header, vectors float32 [n, dim]]
+    answer  [header, vectors float32 [n, dim]]; for an embed with {"tokens": true} (TEI's /embed_all), every
+            row's token states end to end instead, float32 [total tokens, hidden], rows as the request's offsets
     error   [header with {"error": kind, "message": ...}]
 
 A request is one buffer, and a bundle of messages carries all their headers in its first frame.
@@ -112,6 +113,7 @@ class ModelInfo:
     graph_sha256: str = ""  # of the graph that makes the vectors: what stamps a collection of them
     kind: str = "embedding"  # "cross-encoder": one score per row, as a [n, 1] "vector"; "classifier": [n, labels]
     max_batch_tokens: int = 0  # the engine's pass budget, as /info reports it
+    token_dimension: int = 0  # the hidden size of the graph's token output (/embed_all); 0: the graph has none
 
     @property
     def is_cross_encoder(self) -> bool:
@@ -122,6 +124,10 @@ class ModelInfo:
         return self.kind == "classifier"
 
     @property
+    def is_sparse(self) -> bool:
+        return self.kind == "sparse"
+
+    @property
     def gives_embeddings(self) -> bool:
         return self.kind == "embedding"
 
@@ -129,8 +135,21 @@ class ModelInfo:
     def described(self) -> str:
         """What the model is and where it answers, for the refusals of the routes it cannot serve."""
         return {"cross-encoder": "a reranker (cross-encoder): it scores (query, text) pairs at /rerank",
-                "classifier": "a classifier: it labels texts and text pairs at /predict"}.get(
+                "classifier": "a classifier: it labels texts and text pairs at /predict",
+                "sparse": "a sparse (SPLADE) model: it answers /embed_sparse, and /embed with normalize=false"}.get(
                     self.kind, "an embedding model")
+
+
+    @property
+    def token_refusal(self) -> str:
+        """Why this model gives no token states (TEI's /embed_all): TEI's own sentence first, then what to do."""
+        if self.is_sparse:
+            return f"`embed_all` is not available for SPLADE models: model {self.model} is {self.described}"
+        if not self.gives_embeddings:
+            return f"Model is not an embedding model: model {self.model} is {self.described}"
+        return (f"`embed_all` is not available for this export: the {self.variant} graph of {self.model} has no "
+                "token output (exported before /embed_all existed): re-export it with `python -m export` to serve "
+                "token embeddings")
 
 
 @dataclass

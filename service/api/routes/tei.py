@@ -173,6 +173,31 @@ async def decode(req: schemas.DecodeRequest, request: Request):
     return NumpyJSONResponse(await run_in_threadpool(served.decode, sequences, req.skip_special_tokens))
 
 
+@router.post("/embed_sparse", response_model=list[list[schemas.SparseValue]])
+async def embed_sparse(req: schemas.EmbedSparseRequest, request: Request):
+    """A sparse (SPLADE) model's vector of each text: its non-zero dimensions as {index, value}, indices ascending
+    (TEI's /embed_sparse), at most the model's max_active_dims. Another kind of model answers 424, as TEI's."""
+    start = time.perf_counter()
+    check_batch(request, len(req.texts), "inputs")
+    vectors, result = await model(request, req.model).embed_sparse(
+        req.texts, truncate=req.truncate, truncation_direction=req.truncation_direction.lower(),
+        prompt_name=req.prompt_name)
+    answer = [[{"index": i, "value": v} for i, v in zip(row.indices.tolist(), row.values)] for row in vectors]
+    return NumpyJSONResponse(answer, headers=timing_headers(result, time.perf_counter() - start))
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]])
+async def embed_all(req: schemas.EmbedAllRequest, request: Request):
+    """Every token's embedding of each text, special tokens included: the transformer's last hidden state, neither
+    pooled nor normalised (TEI's /embed_all). A model without token output answers 424 saying why."""
+    start = time.perf_counter()
+    check_batch(request, len(req.texts), "inputs")
+    states, result = await model(request, req.model).embed_all(
+        req.texts, truncate=req.truncate, truncation_direction=req.truncation_direction.lower(),
+        prompt_name=req.prompt_name)
+    return NumpyJSONResponse(states, headers=timing_headers(result, time.perf_counter() - start))
+
+
 @router.post("/", summary="The model's task: embed or compare by the body's shape, classify, or rerank",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                  "anyOf": [{"$ref": "#/components/schemas/EmbedRequest"},

@@ -11,7 +11,17 @@ import numpy as np
 from service.engine.backends.base import BackendError, bucketed_rows, pad_batch, padded_length
 from service.engine.backends.cpu import physical_cores
 from service.ipc.messages import ModelInfo, TokenBatch
-from service.manifest import EMBEDDING, GRAPH_FILE, SCORE_OUTPUT, Manifest, sha256_file
+from service.manifest import (
+    CLASSIFIER,
+    CROSS_ENCODER,
+    GRAPH_FILE,
+    SCORE_OUTPUT,
+    SPARSE,
+    SPARSE_OUTPUT,
+    TOKEN_OUTPUT,
+    Manifest,
+    sha256_file,
+)
 from service.tokenization import Tokenizer
 
 log = logging.getLogger("sembed.backend")
@@ -55,7 +65,11 @@ class OnnxBackend:
     padding row.
 
     A cross-encoder export (manifest kind "cross-encoder") takes tokenised (query, text) pairs and
-    gives one score per row; `run` returns it as a [n, 1] array in both places of the pair.
+    gives one score per row; `run` returns it as a [n, 1] array in both places of the pair. A sparse export
+    (kind "sparse") gives each text's vocabulary-sized SPLADE vector, in both places too.
+
+    An embedding graph exported with the token output (TEI's /embed_all) gives each token's last hidden state
+    through `run_tokens`; `run` never asks for it, so onnxruntime never copies it out for /embed.
     """
 
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
@@ -77,8 +91,9 @@ class OnnxBackend:
             entry.get("quality", {}).get("golden_embeddings")
         recorded_on = entry.get("quality", {}).get("measured_on", "cpu")  # fp32's: torch on the export's CPU
         self._golden_tolerance = GOLDEN_TOLERANCE if recorded_on == device else OTHER_DEVICE_GOLDEN_TOLERANCE
-        self.scorer = self.manifest.kind != EMBEDDING  # a reranker's or classifier's scores, not embeddings
-        self._outputs = [SCORE_OUTPUT] if self.scorer else OUTPUTS
+        self.scorer = self.manifest.kind in (CROSS_ENCODER, CLASSIFIER)  # a reranker's or classifier's scores
+        self.sparse = self.manifest.kind == SPARSE  # a SPLADE vector per text
+        self._outputs = [SCORE_OUTPUT] if self.scorer else [SPARSE_OUTPUT] if self.sparse else OUTPUTS
 
         max_len = self.manifest.max_seq_length
         self.tokenizer = Tokenizer(export_dir)  # for its own checks; requests arrive as token ids
@@ -152,7 +167,15 @@ class OnnxBackend:
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
                                 vocab_size=self.tokenizer.vocab_size, graph_sha256=entry["sha256"],
-                                kind=self.manifest.kind)
+                                kind=self.manifest.kind, token_dimension=self._token_dimension())
+
+    def _token_dimension(self) -> int:
+        """The hidden size of the graph's token output, 0 where it has none (exported before /embed_all)."""
+        if self.scorer or self.sparse:
+            return 0
+        output = next((o for o in self.session.get_outputs() if o.name == TOKEN_OUTPUT), None)
+        hidden = output.shape[-1] if output is not None else None
+        return hidden if isinstance(hidden, int) else 0
 
     def _variant_entry(self, variant: str) -> dict:
         variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}
@@ -170,7 +193,7 @@ class OnnxBackend:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
         try:
-            if self.scorer:  # [rows] for a reranker, [rows, labels] for a classifier
+            if self.scorer or self.sparse:  # [rows] for a reranker, [rows, labels] for a classifier, [rows, vocab]
                 (scores,) = self._run_cuda(feeds, options) if self.device == "cuda" else \
                     self.session.run(self._outputs, feeds, options)
                 normalized = raw = scores.reshape(len(scores), -1)
@@ -182,12 +205,31 @@ class OnnxBackend:
             raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
         return normalized[:n], raw[:n]
 
-    def _run_cuda(self, feeds: dict[str, np.ndarray], options) -> list[np.ndarray]:
+    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`run`, and every row's token states too, [n, seq_len, hidden] (padding positions included: the engine
+        keeps each row's real tokens). Only for a graph with the token output (`info.token_dimension`)."""
+        if not self.info.token_dimension:
+            raise BackendError(f"the {self.variant} graph of {self.info.model} has no {TOKEN_OUTPUT} output")
+        n = len(batch)
+        rows = bucketed_rows(n + 1 if (self._extra_row and n == 1) else n, self.row_buckets)
+        feeds = pad_batch(batch, seq_len, self.pad_id, rows)
+        if not self._needs_type_ids:
+            del feeds["token_type_ids"]
+        options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
+        outputs = [*OUTPUTS, TOKEN_OUTPUT]
+        try:
+            normalized, raw, tokens = self._run_cuda(feeds, options, outputs) if self.device == "cuda" else \
+                self.session.run(outputs, feeds, options)
+        except Exception as e:
+            raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
+        return normalized[:n], raw[:n], tokens[:n]
+
+    def _run_cuda(self, feeds: dict[str, np.ndarray], options, outputs: list[str] | None = None) -> list[np.ndarray]:
         # IO binding: inputs copied to the device once, outputs allocated there, no per-op host copies.
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)
-        for name in self._outputs:
+        for name in outputs or self._outputs:
             binding.bind_output(name, "cuda")
         self.session.run_with_iobinding(binding, options)
         return [v.numpy() for v in binding.get_outputs()]
@@ -234,6 +276,8 @@ class OnnxBackend:
         similarity ordering of the recorded vectors holds."""
         if self.scorer:
             return self._check_golden_scores()
+        if self.sparse:
+            return self._check_golden_sparse()
         golden = self.manifest.golden
         if not golden or not self._golden_embeddings:
             log.warning("%s records no golden vectors (exported before they existed): not checked", self.info.model)
@@ -273,6 +317,27 @@ class OnnxBackend:
             problems.append(f"golden scores differ from the recorded ones by {diff:.2e}")
         if not np.array_equal(np.argsort(got, axis=0), np.argsort(expected, axis=0)):
             problems.append("the ordering of the golden pairs' scores changed")
+        if problems:
+            raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
+
+    def _check_golden_sparse(self) -> None:
+        """A sparse export records each golden sentence's largest values (export/sparse.py): they must come back."""
+        golden = self.manifest.golden or {}
+        if not golden.get("indices"):
+            log.warning("%s records no golden vectors: not checked", self.info.model)
+            return
+        got = self.encode(golden["sentences"], batch_size=len(golden["sentences"]))
+        indices = np.asarray(golden["indices"], dtype=np.int64)
+        expected = np.asarray(golden["values"], dtype=np.float32)
+        problems = []
+        if got.shape[1] != self.info.dimension or indices.max() >= got.shape[1]:
+            problems.append(f"vectors of {got.shape[1]} dimensions, manifest dimension {self.info.dimension}")
+        else:
+            diff = float(np.abs(np.take_along_axis(got, indices, axis=1) - expected).max())
+            if diff > self._golden_tolerance:
+                problems.append(f"golden values differ from the recorded ones by {diff:.2e}")
+            if (got < 0).any():
+                problems.append("a SPLADE vector has negative values")
         if problems:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
