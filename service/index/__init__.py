@@ -32,8 +32,9 @@ def __getattr__(name: str):
 def open_configured(settings) -> VectorIndex:
     """The index `settings` (service.settings.Settings) describe, opened in this process."""
     options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
-               "snapshot_every_s": settings.index_snapshot_every_s,
-               "gpu": settings.index_gpu} if settings.index_backend == "local" else {}
+               "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu,
+               "float_vectors": settings.index_float_vectors} if settings.index_backend == "local" else {}
+    options["oversample"] = settings.index_oversample
     return open_index(settings.index_backend, settings.index_location(), uri=settings.milvus_uri, **options)
 
 
@@ -46,5 +47,5 @@ def open_index(backend: str, path=None, uri: str | None = None, **options) -> Ve
     if backend == "milvus":
         from service.index.milvus import MilvusIndex
 
-        return MilvusIndex(uri or "")
+        return MilvusIndex(uri or "", **options)
     raise ValueError(f"unknown index backend {backend!r}; use local or milvus")

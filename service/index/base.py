@@ -34,6 +34,8 @@ class CollectionSpec:
     dimension: int
     index_type: str = "Flat"  # a FAISS factory string: Flat, HNSW32, IVF1024,SQ8, IVF1024,PQ48
     model: ModelStamp | None = None  # None: vectors come from the client, never embedded here
+    # none | int8 | binary: what the searched structure stores (vectors.py); the floats rescore its candidates
+    quantization: str = "none"
 
 
 @dataclass
@@ -45,6 +47,7 @@ class CollectionInfo:
     count: int
     sequence: int  # the last durable write applied to this collection
     ann_ready: bool = True  # False while an ANN structure is untrained or being rebuilt (search is exact then)
+    quantization: str = "none"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class SearchParams:
     score_threshold: float | None = None
     ef_search: int | None = None  # HNSW
     nprobe: int | None = None  # IVF
+    oversample: int | None = None  # quantized: candidates rescored per hit (None: the index's default)
     with_text: bool = True
     with_metadata: bool = True
     with_vector: bool = False

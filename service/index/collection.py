@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -16,13 +17,15 @@ import numpy as np
 from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
 from service.index.filters import parse_filter
 from service.index.metadata import MetadataIndex
-from service.index.vectors import LiveRows, VectorSet
+from service.index.vectors import DEFAULT_OVERSAMPLE, LiveRows, VectorSet
 
 
 class Collection:
-    def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto"):
+    def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto",
+                 oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None):
         self.spec = spec
-        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu)
+        self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu,
+                                 quantization=spec.quantization, oversample=oversample, float_dir=float_dir)
         self._docs: list[Document | None] = []  # by slot
         self._slot_of: dict[str, int] = {}
         self._metadata = MetadataIndex()  # filters as numpy masks over slots
@@ -40,7 +43,7 @@ class Collection:
     def info(self) -> CollectionInfo:
         s = self.spec
         return CollectionInfo(s.name, s.dimension, s.index_type, s.model, len(self), self.sequence,
-                              self.vectors.ann_ready)
+                              self.vectors.ann_ready, s.quantization)
 
     # writes (the committer thread, after the log holds them) ------------------------------------
 
@@ -115,7 +118,8 @@ class Collection:
 
     def search(self, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
         allowed = None if params.filter is None else self._allowed(params.filter)
-        scores, slots = self.vectors.search(queries, params.k, allowed, params.ef_search, params.nprobe)
+        scores, slots = self.vectors.search(queries, params.k, allowed, params.ef_search, params.nprobe,
+                                            params.oversample)
         results = []
         for row_scores, row_slots in zip(scores.tolist(), slots.tolist()):
             hits = []
@@ -134,12 +138,12 @@ class Collection:
 
     # snapshots --------------------------------------------------------------------------------
 
-    def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int]:
-        """(spec, vectors, live rows, their documents, sequence), called by the committer between
-        writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows never
-        change, and the structure holding some of them is kept as it is now)."""
+    def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int, np.ndarray | None]:
+        """(spec, vectors, live rows, their documents, sequence, int8 ranges), called by the committer
+        between writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows
+        never change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]
         live_docs = cast(list[Document], [docs[r] for r in rows.tolist()])  # a live slot holds its document
-        return self.spec, vectors, rows, live_docs, self.sequence
+        return self.spec, vectors, rows, live_docs, self.sequence, self.vectors.ranges

@@ -8,6 +8,11 @@ never applied. Every N writes or T seconds the committer captures the collection
 vectors never change) and a snapshot thread writes them (write, fsync, rename, fsync the folder);
 start-up loads the newest complete snapshot and replays the log after it.
 
+Quantized collections (vectors.py) log and snapshot their float vectors as any other; a snapshot
+also keeps an int8 collection's trained ranges (`<i>.ranges.npy`). With float_vectors="disk" their
+floats live in files under `<path>/floats` (a temporary folder for an index in memory), emptied at
+start: the log and snapshots rebuild them.
+
 One node, one writer: several replicas must not each hold their own copy (use MilvusIndex).
 """
 
@@ -19,12 +24,13 @@ import os
 import queue
 import shutil
 import struct
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +51,7 @@ from service.index.base import (
 from service.index.collection import Collection
 from service.index.filters import parse_filter
 from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
-from service.index.vectors import parse_index_type
+from service.index.vectors import DEFAULT_OVERSAMPLE, check_oversample, check_quantization, parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
 
 log = logging.getLogger("sembed.index")
@@ -67,7 +73,7 @@ def _decode(payload: bytes) -> tuple[dict[str, Any], bytes]:
 
 def _create_op(spec: CollectionSpec, exist_ok: bool) -> dict[str, Any]:
     return {"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
-            "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok}
+            "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok, "q": spec.quantization}
 
 
 def _stamp(model: dict | None) -> ModelStamp | None:
@@ -76,9 +82,16 @@ def _stamp(model: dict | None) -> ModelStamp | None:
 
 class LocalIndex:
     def __init__(self, path: str | Path | None = None, fsync: bool = True, snapshot_every_ops: int = 10_000,
-                 snapshot_every_s: float = 300.0, background: bool = True, gpu: str = "auto"):
+                 snapshot_every_s: float = 300.0, background: bool = True, gpu: str = "auto",
+                 oversample: int = DEFAULT_OVERSAMPLE, float_vectors: Literal["memory", "disk"] = "memory"):
         self.path = Path(path) if path else None
         self.gpu = gpu  # auto: Flat and IVF search on a GPU when FAISS has one (gpu.py); off: never
+        check_oversample(oversample)
+        self.oversample = oversample  # quantized collections: candidates rescored per hit, unless a search says
+        if float_vectors not in ("memory", "disk"):
+            raise ValueError(f"float_vectors is memory or disk, not {float_vectors!r}")
+        self._float_dir: Path | None = None  # quantized collections' float vectors: in memory, or files here
+        self._float_dir_temporary = False
         self.snapshot_every_ops = snapshot_every_ops
         self.snapshot_every_s = snapshot_every_s
         self._background = background
@@ -96,6 +109,14 @@ class LocalIndex:
                 if fsync:
                     fsync_dir(self.path.parent)
             self._wal = WriteAheadLog(self.path / "wal", fsync=fsync)
+        if float_vectors == "disk":
+            if self.path:
+                self._float_dir = self.path / "floats"
+                shutil.rmtree(self._float_dir, ignore_errors=True)  # a previous run's: rebuilt below
+                self._float_dir.mkdir()
+            else:
+                self._float_dir, self._float_dir_temporary = Path(tempfile.mkdtemp(prefix="sembed-floats-")), True
+        if self._wal:
             self._recover()
             self._wal.open()
         self._committer = threading.Thread(target=self._commit_loop, name="index-committer", daemon=True)
@@ -107,7 +128,7 @@ class LocalIndex:
         check_collection_name(spec.name)
         if not 1 <= spec.dimension <= 65536:
             raise InvalidRequest(f"dimension must be between 1 and 65536, not {spec.dimension}")
-        parse_index_type(spec.index_type, spec.dimension)
+        check_quantization(spec.quantization, parse_index_type(spec.index_type, spec.dimension))
         self._submit(_create_op(spec, exist_ok))  # an existing one of this dimension with exist_ok: no record
         return self.info(spec.name)
 
@@ -163,7 +184,7 @@ class LocalIndex:
         target = self._get(spec.name)
         if target.frozen:
             raise CollectionExists(f"collection {spec.name!r} is already being rebuilt")
-        staging = CollectionSpec(STAGING + spec.name, spec.dimension, spec.index_type, spec.model)
+        staging = CollectionSpec(STAGING + spec.name, spec.dimension, spec.index_type, spec.model, spec.quantization)
         target.frozen = "it is being re-embedded"
         try:
             if staging.name in self._collections:
@@ -184,12 +205,18 @@ class LocalIndex:
             self._wal.close()
         for c in self._collections.values():
             c.close()
+        if self._float_dir_temporary and self._float_dir is not None:
+            shutil.rmtree(self._float_dir, ignore_errors=True)
 
     def snapshot(self) -> int:
         """Take a snapshot now (waits for it); returns its sequence number."""
         return self._submit({"op": "snapshot"}).sequence
 
     # the committer ------------------------------------------------------------------------------
+
+    def _new_collection(self, spec: CollectionSpec) -> Collection:
+        return Collection(spec, background=self._background, gpu=self.gpu, oversample=self.oversample,
+                          float_dir=self._float_dir)
 
     def _get(self, name: str) -> Collection:
         collection = self._collections.get(name)
@@ -299,8 +326,8 @@ class LocalIndex:
         self._since_snapshot += 1
         kind, name = op["op"], op["c"]
         if kind == "create":
-            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]))
-            self._collections[name] = Collection(spec, background=self._background, gpu=self.gpu)
+            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]), op.get("q", "none"))
+            self._collections[name] = self._new_collection(spec)
             self._collections[name].sequence = seq
             return 0
         collection = self._collections[name]
@@ -318,7 +345,7 @@ class LocalIndex:
             return collection.delete(op["ids"])
         if kind == "clear":
             n = len(collection)
-            self._collections[name] = Collection(collection.spec, background=self._background, gpu=self.gpu)
+            self._collections[name] = self._new_collection(collection.spec)
             self._collections[name].sequence = seq
             collection.close()
             return n
@@ -327,7 +354,7 @@ class LocalIndex:
             old = self._collections.pop(target, None)
             del self._collections[name]
             collection.spec = CollectionSpec(target, collection.spec.dimension, collection.spec.index_type,
-                                             collection.spec.model)
+                                             collection.spec.model, collection.spec.quantization)
             self._collections[target] = collection
             if old is not None:
                 old.close()
@@ -411,7 +438,7 @@ class LocalIndex:
     @staticmethod
     def _write_files(tmp: Path, seq: int, state) -> None:
         manifest: dict[str, Any] = {"sequence": seq, "collections": []}
-        for i, (spec, vectors, rows, docs, sequence) in enumerate(state):
+        for i, (spec, vectors, rows, docs, sequence, ranges) in enumerate(state):
             with open(tmp / f"{i}.npy", "wb") as f:
                 np.save(f, vectors[rows])
                 f.flush()
@@ -421,9 +448,15 @@ class LocalIndex:
                     f.write(json.dumps([d.id, d.text, d.metadata], ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            if ranges is not None:
+                with open(tmp / f"{i}.ranges.npy", "wb") as f:
+                    np.save(f, ranges)
+                    f.flush()
+                    os.fsync(f.fileno())
             manifest["collections"].append({"file": i, "name": spec.name, "dimension": spec.dimension,
                                             "index_type": spec.index_type, "sequence": sequence,
-                                            "model": asdict(spec.model) if spec.model else None})
+                                            "model": asdict(spec.model) if spec.model else None,
+                                            "quantization": spec.quantization, "ranges": ranges is not None})
         with open(tmp / "manifest.json", "w") as f:
             json.dump(manifest, f)
             f.flush()
@@ -452,8 +485,11 @@ class LocalIndex:
     def _load_snapshot(self, folder: Path) -> int:
         manifest = json.loads((folder / "manifest.json").read_text())
         for entry in manifest["collections"]:
-            spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]))
-            collection = Collection(spec, background=self._background, gpu=self.gpu)
+            spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]),
+                                  entry.get("quantization", "none"))
+            collection = self._new_collection(spec)
+            if entry.get("ranges"):  # trained before this snapshot: the same ranges, not retrained from it
+                collection.vectors.set_ranges(np.load(folder / f"{entry['file']}.ranges.npy", allow_pickle=False))
             vectors = np.load(folder / f"{entry['file']}.npy", allow_pickle=False)
             with open(folder / f"{entry['file']}.docs.jsonl", encoding="utf-8") as f:
                 docs = [Document(*json.loads(line)) for line in f]

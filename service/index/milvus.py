@@ -34,6 +34,14 @@ Index types (the FAISS factory strings of LocalIndex): Flat → FLAT, HNSW<M> �
 efConstruction; ef at search), IVF<n>,SQ8 → IVF_SQ8 (nlist; nprobe), IVF<n>,PQ<m> → IVF_PQ (m, 8
 bits). Milvus Lite has no product quantisation (it accepts IVF_PQ, then fails building a segment):
 there IVF<n>,PQ<m> is built as IVF_SQ8 with the same nlist, and info() still reports the spec asked.
+
+Quantization (`sembed.quantization`): int8 maps to Milvus's own int8 indexes, HNSW<M> → HNSW_SQ
+(SQ8, with Milvus's FP32 refine where the server has it: refine_k = oversample) and Flat → IVF_SQ8
+with one list (a scan of int8 codes); search asks for k × oversample candidates with their stored
+float vectors and rescores them here, so scores are exact cosines on every Milvus (Milvus Lite
+builds HNSW_SQ and IVF_SQ8 but ignores refine). binary is refused: Milvus Lite stores no
+BINARY_VECTOR, and Milvus's binary indexes (BIN_FLAT, BIN_IVF_FLAT) rank by Hamming distance over a
+field of their own, with no float rescoring.
 """
 
 from __future__ import annotations
@@ -65,7 +73,15 @@ from service.index.base import (
 )
 from service.index.filters import compile_filter
 from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
-from service.index.vectors import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, MAX_EF_SEARCH, parse_index_type
+from service.index.vectors import (
+    DEFAULT_EF_SEARCH,
+    DEFAULT_NPROBE,
+    DEFAULT_OVERSAMPLE,
+    MAX_EF_SEARCH,
+    check_oversample,
+    check_quantization,
+    parse_index_type,
+)
 
 log = logging.getLogger("sembed.index.milvus")
 
@@ -197,7 +213,8 @@ def quote(value: str) -> str | None:
 
 class MilvusIndex:
     def __init__(self, uri: str, token: str | None = None, db_name: str | None = None, prefix: str = "sembed_",
-                 timeout: float | None = 30.0, product_quantization: bool | None = None):
+                 timeout: float | None = 30.0, product_quantization: bool | None = None,
+                 oversample: int = DEFAULT_OVERSAMPLE):
         try:
             from pymilvus import MilvusClient
         except ImportError as e:  # pragma: no cover - an install without the extra
@@ -207,6 +224,8 @@ class MilvusIndex:
         if not re.match(r"^[A-Za-z][A-Za-z0-9_]{0,31}$", prefix):
             raise ValueError(f"invalid collection prefix {prefix!r}")
         self.uri, self.prefix, self.timeout = uri, prefix, timeout
+        check_oversample(oversample)
+        self.oversample = oversample  # int8 collections: candidates rescored per hit, unless a search says
         self._lite = uri.endswith(".db") and "://" not in uri
         self.product_quantization = (not self._lite) if product_quantization is None else product_quantization
         self._seq_lock = threading.Lock()
@@ -321,6 +340,8 @@ class MilvusIndex:
         if not len(queries):
             return []
         kind = parse_index_type(_props(desc).get(_P + "index_type", "Flat"), dimension)
+        check_oversample(params.oversample)
+        quantized = _props(desc).get(_P + "quantization", "none") != "none"
         if params.ef_search is not None and not params.k <= params.ef_search <= MAX_EF_SEARCH:
             raise InvalidRequest(f"ef_search must be between k ({params.k}) and {MAX_EF_SEARCH}")
         if params.nprobe is not None and not 1 <= params.nprobe <= max(kind.nlist, 1):
@@ -328,15 +349,18 @@ class MilvusIndex:
         predicate = compile_filter(params.filter) if params.filter is not None else None
         expr = to_expression(params.filter)
         fields = (["text"] if params.with_text else []) + (["metadata"] if params.with_metadata or predicate else []) \
-            + (["vector"] if params.with_vector else [])
+            + (["vector"] if params.with_vector or quantized else [])
         results: list[list[Hit]] = [[] for _ in range(len(queries))]
         states = ["more"] * len(queries)
         pending = list(range(len(queries)))
-        limit = min(MAX_TOPK, params.k if predicate is None else max(2 * params.k, params.k + 16))
+        want = params.k * (params.oversample or self.oversample) if quantized else params.k
+        limit = min(MAX_TOPK, want if predicate is None else max(2 * want, want + 16))
         returned = [0] * len(queries)  # candidates Milvus gave each query
         while True:
-            raw = self._search_raw(physical, queries[pending], limit, expr, fields, kind, params)
+            raw = self._search_raw(physical, queries[pending], limit, expr, fields, kind, params, quantized)
             for q, rows in zip(pending, raw):
+                if quantized:
+                    rows = _rescored(queries[q], rows)
                 results[q], states[q] = _select(rows, predicate, params, limit)
                 returned[q] = len(rows)
             pending = [q for q in pending if states[q] == "more"]
@@ -395,13 +419,23 @@ class MilvusIndex:
         check_collection_name(spec.name)
         if not isinstance(spec.dimension, int) or not 1 <= spec.dimension <= 32_768:
             raise InvalidRequest(f"dimension must be between 1 and 32768 (Milvus's limit), not {spec.dimension}")
-        parse_index_type(spec.index_type, spec.dimension)
+        if check_quantization(spec.quantization, parse_index_type(spec.index_type, spec.dimension)) == "binary":
+            raise InvalidRequest("quantization 'binary' is not available on the milvus backend (Milvus Lite stores "
+                                 "no binary vectors, and Milvus's binary indexes cannot rescore with the float "
+                                 "vectors): use 'int8' (HNSW_SQ, or IVF_SQ8 for Flat) or 'none', or the local "
+                                 "backend")
 
     def _index_params(self, spec: CollectionSpec):
         from pymilvus.milvus_client.index import IndexParam, IndexParams
 
         kind = parse_index_type(spec.index_type, spec.dimension)
-        if kind.kind == "flat":
+        build: dict[str, Any]
+        if spec.quantization == "int8" and kind.kind == "flat":  # one list: a scan of every int8 code
+            index_type, build = "IVF_SQ8", {"nlist": 1}
+        elif spec.quantization == "int8":
+            index_type, build = "HNSW_SQ", {"M": kind.hnsw_m, "efConstruction": kind.ef_construction,
+                                            "sq_type": "SQ8", "refine": True, "refine_type": "FP32"}
+        elif kind.kind == "flat":
             index_type, build = "FLAT", {}
         elif kind.kind == "hnsw":
             index_type, build = "HNSW", {"M": kind.hnsw_m, "efConstruction": kind.ef_construction}
@@ -426,7 +460,8 @@ class MilvusIndex:
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dimension)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("metadata", DataType.JSON)
-        props = {_P + "index_type": spec.index_type, _P + "sequence": str(sequence)}
+        props = {_P + "index_type": spec.index_type, _P + "sequence": str(sequence),
+                 _P + "quantization": spec.quantization}
         if spec.model:
             props.update({_P + "model_name": spec.model.name, _P + "model_sha256": spec.model.sha256})
         self._call(self._client.create_collection, physical, schema=schema, consistency_level="Strong",
@@ -509,15 +544,16 @@ class MilvusIndex:
         model = None
         if props.get(_P + "model_name") is not None:
             model = ModelStamp(props[_P + "model_name"], props.get(_P + "model_sha256", ""))
-        return CollectionSpec(name, _dimension(desc), props.get(_P + "index_type", "Flat"), model)
+        return CollectionSpec(name, _dimension(desc), props.get(_P + "index_type", "Flat"), model,
+                              props.get(_P + "quantization", "none"))
 
     def _info(self, name: str, desc: dict) -> CollectionInfo:
         spec = self._spec_of(name, desc)
         return CollectionInfo(name, spec.dimension, spec.index_type, spec.model, self._count(desc["collection_name"]),
-                              _sequence(desc), self._ann_ready(desc["collection_name"], spec))
+                              _sequence(desc), self._ann_ready(desc["collection_name"], spec), spec.quantization)
 
     def _ann_ready(self, physical: str, spec: CollectionSpec) -> bool:
-        if spec.index_type == "Flat":
+        if spec.index_type == "Flat" and spec.quantization == "none":
             return True
         try:
             index = self._call(self._client.describe_index, physical, "vector")
@@ -592,13 +628,16 @@ class MilvusIndex:
             iterator.close()
 
     def _search_raw(self, physical: str, queries: np.ndarray, limit: int, expr: str | None, fields: list[str],
-                    kind, params: SearchParams) -> list[list[dict]]:
+                    kind, params: SearchParams, quantized: bool = False) -> list[list[dict]]:
+        search: dict[str, Any]
         if kind.kind == "hnsw":
             search = {"ef": min(max(params.ef_search or DEFAULT_EF_SEARCH, limit), max(MAX_EF_SEARCH, limit))}
+            if quantized:
+                search["refine_k"] = params.oversample or self.oversample
         elif kind.kind == "ivf":
             search = {"nprobe": params.nprobe or min(DEFAULT_NPROBE, kind.nlist)}
         else:
-            search = {}
+            search = {"nprobe": 1} if quantized else {}
         return self._call(self._client.search, physical, data=queries.tolist(), limit=limit, filter=expr or "",
                           output_fields=fields, search_params={"metric_type": "IP", "params": search},
                           anns_field="vector", consistency_level="Strong")
@@ -691,6 +730,17 @@ def _hit(row: dict, score: float, params: SearchParams) -> Hit:
     return Hit(row["id"], row.get("text", "") if params.with_text else None,
                (row.get("metadata") or {}) if params.with_metadata else None,
                _vector(row) if params.with_vector else None, score)
+
+
+def _rescored(query: np.ndarray, rows: list[dict]) -> list[dict]:
+    """Milvus's candidates (with their float vectors) ranked by exact inner product, `distance` set to it;
+    candidates keep Milvus's order among ties."""
+    if not rows:
+        return rows
+    vectors = np.asarray([(r.get("entity") or {})["vector"] for r in rows], dtype=np.float32)
+    scores = vectors @ query
+    order = np.argsort(-scores, kind="stable")
+    return [dict(rows[i], distance=float(scores[i])) for i in order.tolist()]
 
 
 def _select(rows: list[dict], predicate, params: SearchParams, limit: int) -> tuple[list[Hit], str]:

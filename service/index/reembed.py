@@ -28,4 +28,5 @@ def reembed(index: VectorIndex, name: str, stamp: ModelStamp, dimension: int, em
             texts = [r.text for r in records]
             yield [Document(r.id, r.text, r.metadata) for r in records], embed(texts)
 
-    return index.replace_collection(CollectionSpec(name, dimension, info.index_type, stamp), batches())
+    return index.replace_collection(CollectionSpec(name, dimension, info.index_type, stamp, info.quantization),
+                                    batches())

@@ -9,6 +9,17 @@ has too few vectors to train is simply exact until it has enough; and when tombs
 fraction of what the structure covers, it is rebuilt from the live slots and swapped in.
 `Flat` has no structure: exact search over the slots, as FAISS's IndexFlatIP does.
 
+Compact vectors (a collection's `quantization`): the searched structure holds int8 codes (FAISS's
+SQ8: IndexScalarQuantizer for Flat, IndexHNSWSQ for HNSW<M>) or sign bits (IndexBinaryFlat,
+IndexBinaryHNSW, Hamming distance), and its k × oversample best candidates are rescored with the
+float vectors of the slot array (kept in memory, or in a memory-mapped file: FloatFile), so returned
+scores are exact cosines, ranked as float search would rank those candidates. The slot array then
+keeps every slot (the structure holds no float copy). int8 needs per-dimension ranges: they are
+trained once, in the writer's thread, by the write that first makes the collection hold
+QUANT_TRAIN_ROWS live vectors, from those vectors (min/max with a margin): a function of the logged
+writes alone, so replaying the log trains the same ranges, and a snapshot stores them. Until then
+search is exact. IVF types already store codes and take no quantization.
+
 Filters arrive as the list of allowed slots. Few of them: exact search over just those. Many: the
 ANN structure searches with an ID selector; if that returns fewer hits than exist, exact search
 over the allowed slots answers instead, so a filtered search is never silently short.
@@ -27,9 +38,12 @@ for Flat an exact IndexFlatIP on the GPU whose positions are slots, built by the
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -48,6 +62,13 @@ BUILD_CHUNK = 2048  # rows added to the structure per lock hold, so searches int
 EXACT_BLOCK = 65_536  # slots scored per block in exact search (bounds the gathered copy)
 MIN_ROWS = 256  # rows the slot array keeps room for after HNSW trims it
 TRIM_MIN = BUILD_CHUNK  # HNSW trims the slot array once the structure holds this many of its rows
+QUANTIZATIONS = ("none", "int8", "binary")
+QUANT_TRAIN_ROWS = 1000  # int8: live vectors a collection holds when its ranges are trained (exact until then)
+QUANT_TRAIN_MAX = 65_536  # int8: at most this many of them (evenly spread over the slots) train the ranges
+QUANT_RANGE_MARGIN = 0.1  # int8: each dimension's trained [min, max] widened by this share of it on each side
+DEFAULT_OVERSAMPLE = 10  # quantized: candidates rescored per hit asked for (SEMBED_INDEX_OVERSAMPLE)
+MAX_OVERSAMPLE = 100
+MAX_CANDIDATES = 20_000  # quantized: candidates taken from the structure per query at most (when k asks more)
 
 
 @dataclass(frozen=True)
@@ -95,22 +116,71 @@ def parse_index_type(spec: str, dimension: int) -> IndexType:
                          f"IVF<n>,PQ<m>[x<bits>]")
 
 
+def check_quantization(quantization: str, kind: IndexType) -> str:
+    """The quantization if this index type can store it; InvalidRequest naming the options if not."""
+    if quantization not in QUANTIZATIONS:
+        raise InvalidRequest(f"unknown quantization {str(quantization)[:40]!r}: use none, int8 or binary")
+    if quantization != "none" and kind.kind == "ivf":
+        raise InvalidRequest(f"quantization {quantization!r} applies to Flat and HNSW<M> index types: {kind.spec} "
+                             f"already stores compressed codes (use it with quantization 'none', or Flat / "
+                             f"HNSW<M> with 'int8' or 'binary')")
+    return quantization
+
+
+def check_oversample(oversample: int | None) -> None:
+    if oversample is not None and not 1 <= oversample <= MAX_OVERSAMPLE:
+        raise InvalidRequest(f"oversample must be between 1 and {MAX_OVERSAMPLE}")
+
+
+class FloatFile:
+    """Float vectors in a file mapped into memory (the page cache keeps what searches touch, the
+    process holds none of it): the file grows and is mapped longer; a map read earlier stays valid
+    for its reader. Not durable by itself (the log and snapshots are): it is rebuilt at start."""
+
+    def __init__(self, folder: Path, dimension: int):
+        fd, name = tempfile.mkstemp(prefix="floats-", suffix=".f32", dir=folder)
+        os.close(fd)
+        self.path, self.dimension, self.rows = Path(name), dimension, 0
+
+    def grow(self, rows: int) -> np.ndarray:
+        with open(self.path, "r+b") as f:
+            f.truncate(rows * self.dimension * 4)
+        self.rows = rows
+        return np.memmap(self.path, dtype=np.float32, mode="r+", shape=(rows, self.dimension))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.dimension * 4
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 class VectorSet:
     """Slots + tombstones + a derived ANN structure. The owner serialises writes; `_store_lock` keeps
     a write and the builder's trimming of the slot array apart; the builder thread and every reader
     of the structure share `_ann_lock`, since a FAISS index may not be read while it grows."""
 
-    def __init__(self, dimension: int, index_type: str, background: bool = True, gpu_mode: str = "auto"):
+    def __init__(self, dimension: int, index_type: str, background: bool = True, gpu_mode: str = "auto",
+                 quantization: str = "none", oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None):
         self.dimension = dimension
         self.type = parse_index_type(index_type, dimension)
-        # GPU resources when a GPU copy is kept (Flat, IVF; never HNSW); the copy covers the same slots as
-        # `_covered` (for Flat, `_covered` and `_dead_covered` count what the GPU copy holds).
-        self._gpu = gpu.resources(gpu_mode) if self.type.kind != "hnsw" else None
+        self.quantization = check_quantization(quantization, self.type)
+        check_oversample(oversample)
+        self.oversample = oversample
+        self._quantized = quantization != "none"
+        self._structured = self.type.kind != "flat" or self._quantized  # there is a structure to build
+        self._ranges: np.ndarray | None = None  # int8: the trained per-dimension (min, width), FAISS's layout
+        # GPU resources when a GPU copy is kept (Flat, IVF; never HNSW or quantized); the copy covers the same
+        # slots as `_covered` (for Flat, `_covered` and `_dead_covered` count what the GPU copy holds).
+        self._gpu = gpu.resources(gpu_mode) if self.type.kind != "hnsw" and not self._quantized else None
         self._gpu_ann: faiss.Index | None = None
+        # Quantized with float_dir: the slot array is a file there, mapped (FloatFile).
+        self._floats = FloatFile(float_dir, dimension) if self._quantized and float_dir is not None else None
         # (rows, base): the vectors of slots base, base + 1, ... (replaced, never shrunk in place, so a
         # reader holding one sees rows that never change). base > 0 only for HNSW: slots below it are
         # read from the structure.
-        self._store = (np.empty((1024, dimension), dtype=np.float32), 0)
+        self._store = (self._floats.grow(1024) if self._floats else np.empty((1024, dimension), dtype=np.float32), 0)
         self._store_lock = threading.Lock()
         self._live = np.zeros(1024, dtype=bool)
         self.n = 0  # slots used
@@ -118,14 +188,15 @@ class VectorSet:
         self._ann: faiss.Index | None = None
         self._covered = 0
         self._dead_covered = 0
-        self._holds_vectors = self.type.kind == "hnsw"  # the structure keeps full vectors: no second copy
+        # the structure keeps full vectors: no second copy (quantized: it keeps codes, the array the floats)
+        self._holds_vectors = self.type.kind == "hnsw" and not self._quantized
         # (structure, its size, ids, vectors): numpy views of its memory, under _ann_lock
         self._arrays: tuple[faiss.Index, int, np.ndarray, np.ndarray] | None = None
         self._ann_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._builder = None
-        if (self.type.kind != "flat" or self._gpu is not None) and background:
+        if (self._structured or self._gpu is not None) and background:
             self._builder = threading.Thread(target=self._build_loop, daemon=True, name="ann-builder")
             self._builder.start()
 
@@ -140,10 +211,13 @@ class VectorSet:
                 # Grow (old arrays stay valid for readers holding them); HNSW drops what it covers.
                 new_base = min(self._covered, n) if self._holds_vectors else base
                 kept = n - new_base
-                grown = np.empty((max(2 * len(array) if new_base == base else 2 * kept, kept + rows, 1024),
-                                  self.dimension), dtype=np.float32)
-                grown[:kept] = array[new_base - base: n - base]
-                array, base = grown, new_base
+                size = max(2 * len(array) if new_base == base else 2 * kept, kept + rows, 1024)
+                if self._floats is not None:  # base stays 0: the file keeps the rows, mapped longer
+                    array = self._floats.grow(size)
+                else:
+                    grown = np.empty((size, self.dimension), dtype=np.float32)
+                    grown[:kept] = array[new_base - base: n - base]
+                    array, base = grown, new_base
                 self._store = (array, base)
             if n + rows > len(self._live):
                 live = np.zeros(max(2 * len(self._live), n + rows), dtype=bool)
@@ -153,8 +227,35 @@ class VectorSet:
             self._live[n: n + rows] = True
             self.n = n + rows
         self.count += rows
+        if self.quantization == "int8" and self._ranges is None and self.count >= QUANT_TRAIN_ROWS:
+            self._train()
         self._wake.set()
         return np.arange(n, n + rows, dtype=np.int64)
+
+    def _train(self) -> None:
+        """int8: the ranges from the live vectors now (at most QUANT_TRAIN_MAX, evenly spread by slot).
+        Deterministic: the same live vectors in the same order give the same ranges."""
+        rows = np.flatnonzero(self._live[: self.n])
+        if len(rows) > QUANT_TRAIN_MAX:
+            rows = rows[np.linspace(0, len(rows) - 1, QUANT_TRAIN_MAX).astype(np.int64)]
+        vectors, _ = self._gather(rows, self._store, None)  # quantized: every slot is in the array
+        sq = faiss.ScalarQuantizer(self.dimension, faiss.ScalarQuantizer.QT_8bit)
+        sq.rangestat = faiss.ScalarQuantizer.RS_minmax
+        sq.rangestat_arg = QUANT_RANGE_MARGIN
+        sq.train(np.ascontiguousarray(vectors, dtype=np.float32))
+        self._ranges = faiss.vector_to_array(sq.trained).astype(np.float32)
+
+    @property
+    def ranges(self) -> np.ndarray | None:
+        """int8: the trained ranges (None until trained), for a snapshot."""
+        return self._ranges
+
+    def set_ranges(self, ranges: np.ndarray) -> None:
+        """int8: ranges a snapshot kept (before its vectors are appended, so they are not trained again)."""
+        if self.quantization != "int8" or ranges.shape != (2 * self.dimension,):
+            raise ValueError(f"ranges of shape {ranges.shape} for a {self.quantization} set of dimension "
+                             f"{self.dimension}")
+        self._ranges = np.asarray(ranges, dtype=np.float32)
 
     def kill(self, slots: np.ndarray) -> None:
         if len(slots):
@@ -183,11 +284,15 @@ class VectorSet:
         """Bytes held for vectors: the slot array (its allocated rows) and the structure's own copy
         (HNSW's full vectors, IVF's codes); the HNSW graph and the IVF lists' ids are counted apart."""
         array, _ = self._store
-        out = {"slots": array.nbytes, "structure_vectors": 0, "structure_other": 0}
+        out = {"slots": array.nbytes if self._floats is None else 0,
+               "slots_on_disk": self._floats.nbytes if self._floats is not None else 0,
+               "structure_vectors": 0, "structure_other": 0}
         with self._ann_lock:
             if self._ann is None:
                 return out
-            if self.type.kind == "hnsw":
+            if self._quantized:
+                out.update(self._quantized_memory())
+            elif self.type.kind == "hnsw":
                 hnsw = faiss.downcast_index(self._ann.index)
                 out["structure_vectors"] = faiss.downcast_index(hnsw.storage).codes.size()
                 g = hnsw.hnsw
@@ -199,9 +304,23 @@ class VectorSet:
                 out["structure_other"] = ivf.invlists.compute_ntotal() * 8
         return out
 
+    def _quantized_memory(self) -> dict[str, int]:
+        """(codes, the rest) of a quantized structure: int8 or sign-bit codes; the HNSW graph and ids."""
+        ann = self._ann
+        binary = self.quantization == "binary"
+        inner = faiss.downcast_IndexBinary(ann.index) if binary else faiss.downcast_index(ann.index)
+        other = ann.id_map.size() * 8
+        if self.type.kind == "hnsw":
+            storage = faiss.downcast_IndexBinary(inner.storage) if binary else faiss.downcast_index(inner.storage)
+            g = inner.hnsw
+            other += g.neighbors.size() * 4 + g.offsets.size() * 8 + g.levels.size() * 4
+        else:
+            storage = inner
+        return {"structure_vectors": (storage.xb if binary else storage.codes).size(), "structure_other": other}
+
     @property
     def ann_ready(self) -> bool:
-        if self.type.kind == "flat" or self.n == 0:
+        if not self._structured or self.n == 0:
             return True
         return self._ann is not None and self._covered >= self.n - BUILD_CHUNK
 
@@ -210,6 +329,8 @@ class VectorSet:
         self._wake.set()
         if self._builder is not None:
             self._builder.join(timeout=10)
+        if self._floats is not None:
+            self._floats.close()  # maps still held (a snapshot being written) keep the file's pages
 
     # reading vectors ----------------------------------------------------------------------------
 
@@ -254,11 +375,14 @@ class VectorSet:
     # search -----------------------------------------------------------------------------------
 
     def search(self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None,
-               ef_search: int | None = None, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, slots), each (len(queries), k'), best first; padded with -inf / -1."""
+               ef_search: int | None = None, nprobe: int | None = None,
+               oversample: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, slots), each (len(queries), k'), best first; padded with -inf / -1. Quantized: the
+        structure's k × oversample best are rescored with the float vectors."""
         n = self.n  # read before the arrays: an array read after n holds at least n rows, even if it grew
         store = self._store
         self._check_params(k, ef_search, nprobe)
+        check_oversample(oversample)
         live = None  # an O(n) copy of the live flags: only where exact search or a filter needs it
         if allowed is not None:
             live = self._live[:n].copy()
@@ -278,9 +402,14 @@ class VectorSet:
                 return found
         if self._ann is None or (allowed is not None and candidates <= EXACT_BELOW):
             return self._exact(queries, store, live, k, allowed)
+        first = k
+        if self._quantized:
+            first = min(max(k, min(k * (oversample or self.oversample), MAX_CANDIDATES)), candidates)
         with self._ann_lock:
             covered = self._covered
-            scores, slots = self._ann_search(queries, k, n, allowed, ef_search, nprobe)
+            scores, slots = self._ann_search(queries, first, n, allowed, ef_search, nprobe)
+        if self._quantized:
+            scores, slots = self._rescore(queries, store, slots, k)
         scores, slots = self._with_tail(queries, store, scores, slots, k, covered, n, allowed)
         if (slots >= 0).sum(axis=1).min() < k:  # the structure could not reach k allowed documents
             live = self._live[:n].copy() if live is None else live
@@ -311,6 +440,18 @@ class VectorSet:
         if (slots >= 0).sum(axis=1).min() < k:  # IVF's probes did not reach k documents: the CPU answers
             return None
         return scores, slots
+
+    def _rescore(self, queries, store, slots, k):
+        """The k best of each query's candidate slots by exact inner product with their float vectors
+        (quantized: all in the array, base 0), best first; candidates keep their order among ties."""
+        array, base = store
+        valid = slots >= 0
+        vectors = array[np.where(valid, slots, base) - base]  # (queries, candidates, dimension)
+        scores = np.matmul(vectors, queries[:, :, None])[:, :, 0]
+        scores[~valid] = -np.inf
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return (np.take_along_axis(scores, order, axis=1).astype(np.float32),
+                np.take_along_axis(np.where(valid, slots, -1), order, axis=1))
 
     def _with_tail(self, queries, store, scores, slots, k, covered, n, allowed):
         """A structure's hits merged with exact search over the (allowed, live) slots it has not
@@ -364,23 +505,58 @@ class VectorSet:
             live = self._live  # read after `covered`: it holds at least `covered` rows
             bitmap = np.packbits(live[:covered], bitorder="little")
             selector = faiss.IDSelectorBitmap(covered, faiss.swig_ptr(bitmap))
+        params: faiss.SearchParameters
         if self.type.kind == "hnsw":
             params = faiss.SearchParametersHNSW(efSearch=max(ef_search or DEFAULT_EF_SEARCH, k))
-        else:
+        elif self.type.kind == "ivf":
             params = faiss.SearchParametersIVF(nprobe=min(nprobe or DEFAULT_NPROBE, self.type.nlist))
+        else:  # quantized Flat: a scan of the codes
+            params = faiss.SearchParameters()
         if selector is not None:
             params.sel = selector
         if self._ann is None:
             raise RuntimeError("a structure search without a structure")
-        scores, slots = self._ann.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=params)
+        scores, slots = self._ann.search(self._encode(queries), k, params=params)
+        if self.quantization == "binary":  # Hamming distances: fewer differing bits rank first
+            scores = -scores.astype(np.float32)
         slots[slots >= n] = -1
         scores[slots < 0] = -np.inf
         return scores, slots
 
     # the builder ------------------------------------------------------------------------------
 
+    def _encode(self, vectors: np.ndarray) -> np.ndarray:
+        """What the structure takes: sign bits (binary, padded to whole bytes), else the float rows."""
+        if self.quantization == "binary":
+            return np.packbits(vectors > 0, axis=1)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def _new_quantized(self):
+        t = self.type
+        if self.quantization == "binary":
+            bits = 8 * -(-self.dimension // 8)
+            if t.kind == "hnsw":
+                binary = faiss.IndexBinaryHNSW(bits, t.hnsw_m)
+                binary.hnsw.efConstruction = t.ef_construction
+                return faiss.IndexBinaryIDMap(binary)
+            return faiss.IndexBinaryIDMap(faiss.IndexBinaryFlat(bits))
+        if self._ranges is None:
+            raise RuntimeError("an int8 structure before its ranges are trained")
+        qt = faiss.ScalarQuantizer.QT_8bit
+        if t.kind == "hnsw":
+            index = faiss.IndexHNSWSQ(self.dimension, qt, t.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = t.ef_construction
+            storage = faiss.downcast_index(index.storage)
+        else:
+            index = storage = faiss.IndexScalarQuantizer(self.dimension, qt, faiss.METRIC_INNER_PRODUCT)
+        faiss.copy_array_to_vector(self._ranges, storage.sq.trained)
+        storage.is_trained = index.is_trained = True
+        return faiss.IndexIDMap(index)
+
     def _new_structure(self, rows: np.ndarray, store):
         t = self.type
+        if self._quantized:
+            return self._new_quantized()
         if t.kind == "hnsw":
             hnsw = faiss.IndexHNSWFlat(self.dimension, t.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             hnsw.hnsw.efConstruction = t.ef_construction
@@ -395,10 +571,12 @@ class VectorSet:
 
     def build_now(self) -> None:
         """Bring the structure up to date in the calling thread (tests, and the builder loop)."""
-        if self.type.kind == "flat":
+        if not self._structured:
             if self._gpu is not None:
                 self._build_flat_copy()
             return
+        if self.quantization == "int8" and self._ranges is None:
+            return  # not trained yet: search is exact
         if self._ann is None or self._dead_covered > REBUILD_FRACTION * max(self._covered, 1):
             n = self.n
             store, old = self._store, self._ann  # read after n: they hold every slot below it
@@ -409,7 +587,7 @@ class VectorSet:
             for i in range(0, len(live_rows), BUILD_CHUNK * 8):
                 rows = live_rows[i: i + BUILD_CHUNK * 8]
                 vectors, found = self._gather(rows, store, old)  # all found: only this thread drops slots
-                ann.add_with_ids(vectors, rows)
+                ann.add_with_ids(self._encode(vectors), rows)
             dead_since = int(np.count_nonzero(~self._live[live_rows]))  # killed while we built
             copy = gpu.copy_to_gpu(self._gpu, ann) if self._gpu is not None else None
             if copy is None:
@@ -422,7 +600,7 @@ class VectorSet:
             end = min(self.n, start + BUILD_CHUNK)
             array, base = self._store  # base <= covered: the rows are in the array
             rows = np.arange(start, end, dtype=np.int64)
-            chunk = np.ascontiguousarray(array[start - base: end - base])
+            chunk = self._encode(array[start - base: end - base])
             with self._ann_lock:
                 if self._ann is None:
                     raise RuntimeError("the builder feeds a structure it did not build")

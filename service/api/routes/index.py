@@ -122,17 +122,18 @@ def _fields(record, include: Sequence[str]) -> dict[str, Any]:
 
 @router.post("/collections", response_model=schemas.CollectionOut, status_code=201)
 async def create_collection(req: schemas.CreateCollectionRequest, request: Request):
-    """A named collection with its own index type, stamped with the model that will embed its texts."""
+    """A named collection with its own index type and quantization, stamped with the model that will embed
+    its texts."""
     if req.vectors_only:
         if req.dimension is None:
             raise InvalidRequest("a vectors_only collection needs its dimension")
-        spec = CollectionSpec(req.name, req.dimension, req.index_type, None)
+        spec = CollectionSpec(req.name, req.dimension, req.index_type, None, req.quantization)
     else:
         stamp = model_stamp(request, req.model)
         dim = registry(request).get(stamp.name).info.dimension
         if req.dimension not in (None, dim):
             raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
-        spec = CollectionSpec(req.name, dim, req.index_type, stamp)
+        spec = CollectionSpec(req.name, dim, req.index_type, stamp, req.quantization)
     info = await _call(_index(request).create_collection, spec)
     _count(request, info.name, info.count)
     return NumpyJSONResponse(_collection(info), status_code=201)
@@ -229,7 +230,7 @@ async def search(name: str, req: schemas.SearchRequest, request: Request):
     else:
         queries = await _vectors(request, name, req.queries, [None] * len(req.queries), "query")
     params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
-                          nprobe=req.nprobe, with_text="text" in req.include,
+                          nprobe=req.nprobe, oversample=req.oversample, with_text="text" in req.include,
                           with_metadata="metadata" in req.include, with_vector="vector" in req.include)
     hits = await _call(_index(request).search, name, queries, params)
     return NumpyJSONResponse({"results": [[_fields(h, req.include) for h in row] for row in hits]})
