@@ -31,8 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import msgspec
+
 from service.api.auth import ApiKeys
 from service.api.topology import ModelEndpoint, Topology
+from service.ipc import control
 from service.manifest import Manifest
 from service.settings import MEMORY_ONLY, Settings
 
@@ -200,33 +203,40 @@ class Supervisor:
 
     # --- reloads: the control thread ----------------------------------------------------------------
     def _control(self, topology: Topology) -> None:
+        """Answer the API processes' reload requests (service/ipc/control.py), one at a time."""
         import zmq
 
-        from service.ipc.messages import pack, unpack
-
+        handlers: dict[type, Callable[..., control.Reply]] = {
+            control.Stage: self._stage, control.Switch: self._switch, control.Discard: self._discard}
         context: zmq.Context[zmq.Socket] = zmq.Context.instance()
-        control = context.socket(zmq.REP)
-        control.bind(topology.control_endpoint)
+        requests = context.socket(zmq.REP)
+        requests.bind(topology.control_endpoint)
         events = context.socket(zmq.PUB)
         events.bind(topology.events_endpoint)
         acks = context.socket(zmq.PULL)
         acks.bind(topology.acks_endpoint)
         while True:
-            request = unpack(control.recv())
+            reply: control.Reply
             try:
-                reply = getattr(self, f"_{request['op']}")(request, events, acks)
-            except Exception as e:
-                log.exception("reload step %s failed", request.get("op"))
-                reply = {"error": str(e)}
-            control.send(pack(reply))
+                request = control.decode_request(requests.recv())
+            except msgspec.ValidationError as e:
+                log.error("a malformed reload request: %s", e)
+                reply = control.Failed(f"malformed reload request: {e}")
+            else:
+                try:
+                    reply = handlers[type(request)](request, events, acks)
+                except Exception as e:
+                    log.exception("reload step %s failed", type(request).__name__)
+                    reply = control.Failed(str(e))
+            requests.send(control.encode(reply))
 
-    def _stage(self, request: dict, events, acks) -> dict:
+    def _stage(self, request: control.Stage, events, acks) -> control.Staged:
         """Start an engine for the export beside the serving one; answer once it is ready (or why not)."""
         from service.ipc.messages import pack
         from service.ipc.stream import ask
 
         token = next(self.generations)
-        model = ModelEndpoint(request["name"], request["export_dir"], f"ipc://{self.run_dir}/engine-{token}.sock")
+        model = ModelEndpoint(request.name, request.export_dir, f"ipc://{self.run_dir}/engine-{token}.sock")
         child = self._engine(model.name, model.export_dir, model.endpoint)
         self._start(child)
         while ask(model.endpoint, [pack({"op": "hello", "id": 0})], timeout_s=0.1) is None:
@@ -236,18 +246,18 @@ class Supervisor:
                                                                               f"{child.started.exitcode}")
             time.sleep(0.1)
         self.staged[token] = (model, child)
-        return {"token": token, "endpoint": model.endpoint}
+        return control.Staged(token, model.endpoint)
 
-    def _switch(self, request: dict, events, acks) -> dict:
+    def _switch(self, request: control.Switch, events, acks) -> control.Switched:
         """Every API process moves to the staged engine; then the old one drains and stops."""
-        from service.ipc.messages import pack
-
-        token = request["token"]
+        token = request.token
+        if token not in self.staged:
+            raise KeyError(f"no staged engine {token}")
         model, child = self.staged.pop(token)
         with self.lock:
             self.children.append(child)
             alive = sum(c.started.is_alive() for c in self.api)
-        events.send(pack({"token": token, **vars(model)}))
+        events.send(control.encode(control.Switching(token, model.name, model.export_dir, model.endpoint)))
         waiting, deadline = alive, time.monotonic() + self.settings.shutdown_grace_s
         while waiting and time.monotonic() < deadline:
             if acks.poll(100):
@@ -263,13 +273,13 @@ class Supervisor:
                 self.children.remove(c)
         for c in old:
             self._retire(c)
-        return {"switched": token, "unacknowledged": waiting}
+        return control.Switched(token, waiting)
 
-    def _discard(self, request: dict, events, acks) -> dict:
-        staged = self.staged.pop(request["token"], None)
+    def _discard(self, request: control.Discard, events, acks) -> control.Discarded:
+        staged = self.staged.pop(request.token, None)
         if staged is not None:
             self._retire(staged[1])
-        return {}
+        return control.Discarded(request.token)
 
     @staticmethod
     def _retire(child: Child) -> None:

@@ -13,7 +13,8 @@ import zmq.asyncio
 
 from service.api.client import SocketEngineClient
 from service.api.registry import ModelRegistry, ServedModel, retire
-from service.ipc.messages import ModelInfo, pack, unpack
+from service.ipc import control
+from service.ipc.messages import ModelInfo
 from service.metrics import ApiMetrics
 from service.settings import Settings
 from service.tokenization import Tokenizer, WordTokenizer
@@ -75,30 +76,33 @@ class SupervisorLoader:
         self._staged: dict[int, ServedModel] = {}
         self._events = asyncio.ensure_future(self._follow())
 
-    async def _request(self, message: dict) -> dict:
+    async def _request(self, message: control.Request) -> control.Reply:
         socket = zmq.asyncio.Context.instance().socket(zmq.REQ)
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self.topology.control_endpoint)
         try:
-            await socket.send(pack(message))
-            reply = unpack(await socket.recv())
+            await socket.send(control.encode(message))
+            reply = control.decode_reply(await socket.recv())
         finally:
             socket.close()
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
+        if isinstance(reply, control.Failed):
+            raise RuntimeError(reply.error)
         return reply
 
     async def stage(self, name: str, export_dir: Path) -> ServedModel:
-        reply = await self._request({"op": "stage", "name": name, "export_dir": str(export_dir)})
-        client, tokenizer = await connect_model(self.settings, ModelEndpoint(name, str(export_dir), reply["endpoint"]))
+        reply = await self._request(control.Stage(name, str(export_dir)))
+        assert isinstance(reply, control.Staged)
+        client, tokenizer = await connect_model(self.settings, ModelEndpoint(name, str(export_dir), reply.endpoint))
         staged = self.registry.served(client, tokenizer)
-        staged.token = reply["token"]
-        self._staged[reply["token"]] = staged
+        staged.token = reply.token
+        self._staged[reply.token] = staged
         return staged
 
     async def switch(self, name: str, staged: ServedModel) -> ModelInfo:
+        if staged.token is None:
+            raise ValueError("switch: this model was not staged by this loader")
         previous = self.registry.get(name).info
-        await self._request({"op": "switch", "token": staged.token})  # answered once every API process switched
+        await self._request(control.Switch(staged.token))  # answered once every API process switched
         return previous
 
     async def discard(self, staged: ServedModel) -> None:
@@ -106,7 +110,7 @@ class SupervisorLoader:
             raise ValueError("discard: this model was not staged by this loader")
         self._staged.pop(staged.token, None)
         await staged.client.close()
-        await self._request({"op": "discard", "token": staged.token})
+        await self._request(control.Discard(staged.token))
 
     async def _follow(self) -> None:
         """Apply the supervisor's switches in this process, then acknowledge."""
@@ -118,11 +122,11 @@ class SupervisorLoader:
         acks.setsockopt(zmq.LINGER, 1000)
         acks.connect(self.topology.acks_endpoint)
         while True:
-            event = unpack(await events.recv())
-            staged = self._staged.pop(event["token"], None)
+            event = control.decode_switching(await events.recv())
+            staged = self._staged.pop(event.token, None)
             if staged is None:
-                model = ModelEndpoint(event["name"], event["export_dir"], event["endpoint"])
+                model = ModelEndpoint(event.name, event.export_dir, event.endpoint)
                 staged = self.registry.served(*await connect_model(self.settings, model))
-            old = self.registry.replace(event["name"], staged)
+            old = self.registry.replace(event.name, staged)
             asyncio.ensure_future(retire(old, self.settings.shutdown_grace_s))
-            await acks.send(pack({"token": event["token"], "pid": os.getpid()}))
+            await acks.send(control.encode(control.Acknowledged(event.token, os.getpid())))
