@@ -2,10 +2,11 @@
 from TEI's tei.proto (every RPC, the streams too) and through the real `tei-client` package in both its modes,
 each answer checked against the service's own HTTP routes (/embed, /rerank, /predict, /tokenize, /decode, /info).
 
-Served: the default export with prompts in its manifest (tests/test_prompts.py's `prompted_export`), and the tiny
-random-weight reranker and classifier of tests/test_clients.py, side by side (SEMBED_MODELS), on two API
-processes sharing the gRPC port. A second service (the fake backend: it starts in a second) has API keys, for
-TEI's `authorization: Bearer <key>` metadata, and is stopped with SIGTERM while a stream is open.
+Served: the default export with prompts in its manifest (tests/test_prompts.py's `prompted_export`), the tiny
+random-weight reranker and classifier of tests/test_clients.py and a tiny random-weight SPLADE model
+(tests/tiny_models.py), side by side (SEMBED_MODELS), on two API processes sharing the gRPC port. A second
+service (the fake backend: it starts in a second) has API keys, for TEI's `authorization: Bearer <key>`
+metadata, and is stopped with SIGTERM while a stream is open.
 
 `python -m tests.test_grpc` regenerates service/api/grpc/'s code from tei.proto (`generate`).
 """
@@ -33,7 +34,7 @@ from tests.test_clients import CLASSIFIER, RERANKER, pair_scorers  # noqa: F401 
 from tests.test_prompts import prompted_export  # noqa: F401 - a fixture, used by name
 
 GRPC_DIR = REPO / "service" / "api" / "grpc"
-EMBEDDER = "minilm"
+EMBEDDER, SPLADE = "minilm", "splade"
 TEXTS = ["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply on Monday."]
 LONG = " ".join(f"word{i}" for i in range(400))  # over the model's 256 tokens
 MAX_BATCH, MAX_BYTES = 32, 65536  # the service's max_client_batch_size and max_request_bytes here
@@ -90,9 +91,21 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(prompted_export, pair_scorers, tmp_path_factory):  # noqa: F811 - the imported fixtures
+def splade(tmp_path_factory) -> Path:
+    """A tiny random-weight SPLADE model (sentence-transformers' SparseEncoder), exported."""
+    from core.sparse import SpladeEncoder
+    from export.sparse import export_sparse
+    from tests.tiny_models import build_splade
+
+    root = tmp_path_factory.mktemp("splade")
+    export_sparse(SpladeEncoder.from_pretrained(build_splade(root / "src", max_active_dims=16)), root / SPLADE)
+    return root / SPLADE
+
+
+@pytest.fixture(scope="module")
+def live(prompted_export, pair_scorers, splade, tmp_path_factory):  # noqa: F811 - the imported fixtures
     port = free_port()
-    models = {EMBEDDER: prompted_export, **pair_scorers}
+    models = {EMBEDDER: prompted_export, **pair_scorers, SPLADE: splade}
     env = {"SEMBED_MODELS": ",".join(f"{name}={path}" for name, path in models.items()), "SEMBED_GRPC_PORT": str(port),
            "SEMBED_API_WORKERS": "2", "SEMBED_MAX_CLIENT_BATCH_SIZE": str(MAX_BATCH),
            "SEMBED_MAX_REQUEST_BYTES": str(MAX_BYTES), "SEMBED_MAX_QUEUED_INPUTS": "40"}
@@ -290,13 +303,35 @@ def test_tokenize_and_decode_and_their_streams_answer_as_http(live, channel):
         assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT and named in bad.details(), bad.details()
 
 
-def test_embed_sparse_and_embed_all(live, channel):
-    """Served where the model can (TEI's /embed_sparse and /embed_all); this embedder is not a SPLADE model."""
+def test_embed_sparse_and_embed_all_and_their_streams_answer_as_http(live, channel):
+    """A SPLADE model's non-zero dimensions (TEI's /embed_sparse), and every token's hidden state (/embed_all)."""
     stub = rpc.EmbedStub(channel)
-    sparse = refused(stub.EmbedSparse, pb.EmbedSparseRequest(inputs="x"))
-    assert sparse.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED), sparse.details()
-    every = refused(stub.EmbedAll, pb.EmbedAllRequest(inputs="x"))
-    assert every.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.OK), every.details()
+
+    def sparse(response) -> list[dict]:
+        return [{"index": v.index, "value": pytest.approx(v.value, rel=1e-6)} for v in response.sparse_embeddings]
+
+    expected = http(live, "/embed_sparse", {"inputs": TEXTS, "model": SPLADE})
+    assert 0 < len(expected[0]) <= 16  # max_active_dims
+    assert sparse(stub.EmbedSparse(pb.EmbedSparseRequest(inputs=TEXTS[0]), metadata=on(SPLADE))) == expected[0]
+    streamed = stub.EmbedSparseStream(iter([pb.EmbedSparseRequest(inputs=t) for t in TEXTS]), metadata=on(SPLADE))
+    assert [sparse(r) for r in streamed] == expected
+    long = http(live, "/embed_sparse", {"inputs": LONG, "truncate": True, "model": SPLADE})[0]
+    assert sparse(stub.EmbedSparse(pb.EmbedSparseRequest(inputs=LONG, truncate=True), metadata=on(SPLADE))) == long
+
+    states = [np.asarray(s, dtype=np.float32) for s in http(live, "/embed_all", {"inputs": TEXTS})]
+    one = stub.EmbedAll(pb.EmbedAllRequest(inputs=TEXTS[0]))
+    assert np.array_equal(np.asarray([t.embeddings for t in one.token_embeddings], dtype=np.float32), states[0])
+    assert one.metadata.compute_tokens == len(states[0])
+    streamed = stub.EmbedAllStream(iter([pb.EmbedAllRequest(inputs=t) for t in TEXTS]))
+    for got, want in zip(streamed, states, strict=True):
+        assert np.array_equal(np.asarray([t.embeddings for t in got.token_embeddings], dtype=np.float32), want)
+
+    not_splade = refused(stub.EmbedSparse, pb.EmbedSparseRequest(inputs="x"))  # the default model is dense
+    assert not_splade.code() == grpc.StatusCode.FAILED_PRECONDITION and "SPLADE" in not_splade.details()
+    no_tokens = refused(stub.EmbedAll, pb.EmbedAllRequest(inputs="x"), metadata=on(RERANKER))
+    assert no_tokens.code() == grpc.StatusCode.FAILED_PRECONDITION, no_tokens.details()
+    empty = refused(stub.EmbedSparse, pb.EmbedSparseRequest(inputs=""), metadata=on(SPLADE))
+    assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT, empty.details()
 
 
 # --- bad input, limits, load ----------------------------------------------------------------------------------
@@ -396,7 +431,7 @@ def tei_client(make, use) -> None:
 def test_tei_client_over_http_and_grpc_gives_http_embeds_vectors(live):
     """tei-client as its README shows: HttpClient(url) and GrpcClient(target) (the README passes a channel, which the
     code does not take: it makes its own from the target), sync and async; vectors, tokens, text and info as the
-    service's own /embed, /tokenize and /decode answer."""
+    service's own /embed, /embed_all, /tokenize and /decode answer."""
     from tei_client import GrpcClient, HttpClient, ModelType
     from tei_client.models import TruncationDirection
 
@@ -405,6 +440,7 @@ def test_tei_client_over_http_and_grpc_gives_http_embeds_vectors(live):
     ids = [t["id"] for t in tokens[0]]
     decoded = http(live, "/decode", {"ids": ids})  # a list of one text; tei-client's gRPC mode gives the text
     left = np.asarray(http(live, "/embed", {"inputs": LONG, "truncation_direction": "Left"}), dtype=np.float32)
+    states = [np.asarray(s, dtype=np.float32) for s in http(live, "/embed_all", {"inputs": TEXTS[:2]})]
 
     def check(client, run, over_grpc: bool) -> None:
         assert client.model_type == ModelType.Embedding  # from Info
@@ -414,6 +450,8 @@ def test_tei_client_over_http_and_grpc_gives_http_embeds_vectors(live):
         assert np.array_equal(np.asarray(run(client.async_embed(TEXTS)), dtype=np.float32), expected)
         cut = client.embed(LONG, truncate=True, truncation_direction=TruncationDirection.Left)
         assert np.array_equal(np.asarray(cut, dtype=np.float32), left)
+        every = client.embed_all(TEXTS[:2])
+        assert [np.array_equal(np.asarray(e, dtype=np.float32), s) for e, s in zip(every, states)] == [True, True]
         for got in (client.tokenize(TEXTS), run(client.async_tokenize(TEXTS))):
             assert [[t.id for t in r.tokens] for r in got] == [[t["id"] for t in row] for row in tokens]
         assert client.decode(ids) == (decoded[0] if over_grpc else decoded)

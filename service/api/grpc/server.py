@@ -114,10 +114,10 @@ class TeiService:
             "Info": {"Info": unary("Info", pb.InfoRequest, self.info)},
             "Embed": {"Embed": unary("Embed", pb.EmbedRequest, self.embed),
                       "EmbedStream": stream("EmbedStream", pb.EmbedRequest, self.embed),
-                      "EmbedSparse": unary("EmbedSparse", pb.EmbedSparseRequest, self.not_served),
-                      "EmbedSparseStream": stream("EmbedSparseStream", pb.EmbedSparseRequest, self.not_served),
-                      "EmbedAll": unary("EmbedAll", pb.EmbedAllRequest, self.not_served),
-                      "EmbedAllStream": stream("EmbedAllStream", pb.EmbedAllRequest, self.not_served)},
+                      "EmbedSparse": unary("EmbedSparse", pb.EmbedSparseRequest, self.embed_sparse),
+                      "EmbedSparseStream": stream("EmbedSparseStream", pb.EmbedSparseRequest, self.embed_sparse),
+                      "EmbedAll": unary("EmbedAll", pb.EmbedAllRequest, self.embed_all),
+                      "EmbedAllStream": stream("EmbedAllStream", pb.EmbedAllRequest, self.embed_all)},
             "Predict": {"Predict": unary("Predict", pb.PredictRequest, self.predict),
                         "PredictPair": unary("PredictPair", pb.PredictPairRequest, self.predict_pair),
                         "PredictStream": stream("PredictStream", pb.PredictRequest, self.predict),
@@ -239,9 +239,22 @@ class TeiService:
             direction=_direction(r.truncation_direction), prompt_name=_optional(r, "prompt_name"))
         return pb.EmbedResponse(embeddings=vectors[0].tolist(), metadata=_metadata(len(r.inputs), result, start))
 
-    async def not_served(self, served: ServedModel, r: Message) -> Message:
-        raise ApiError(501, f"{type(r).__name__.removesuffix('Request')} is not served over gRPC yet",
-                       "Unimplemented")
+    async def embed_sparse(self, served: ServedModel, r: pb.EmbedSparseRequest) -> pb.EmbedSparseResponse:
+        start = time.perf_counter()
+        vectors, result = await served.embed_sparse([r.inputs], truncate=r.truncate,
+                                                    truncation_direction=_direction(r.truncation_direction).lower(),
+                                                    prompt_name=_optional(r, "prompt_name"))
+        values = [pb.SparseValue(index=i, value=v) for i, v in zip(vectors[0].indices.tolist(),
+                                                                   vectors[0].values.tolist())]
+        return pb.EmbedSparseResponse(sparse_embeddings=values, metadata=_metadata(len(r.inputs), result, start))
+
+    async def embed_all(self, served: ServedModel, r: pb.EmbedAllRequest) -> pb.EmbedAllResponse:
+        start = time.perf_counter()
+        states, result = await served.embed_all([r.inputs], truncate=r.truncate,
+                                                truncation_direction=_direction(r.truncation_direction).lower(),
+                                                prompt_name=_optional(r, "prompt_name"))
+        tokens = [pb.TokenEmbedding(embeddings=row) for row in states[0].tolist()]
+        return pb.EmbedAllResponse(token_embeddings=tokens, metadata=_metadata(len(r.inputs), result, start))
 
     async def predict(self, served: ServedModel, r: pb.PredictRequest) -> pb.PredictResponse:
         return await self._predict(served, r.inputs, r)
