@@ -27,6 +27,7 @@ _._stage, _._switch, _._discard
 # a task kept referenced so the event loop does not drop it; FAISS and onnxruntime options set by attribute
 _._events
 _.efConstruction, _.sel, _.intra_op_num_threads
+_.rangestat, _.rangestat_arg, _.is_trained  # FAISS ScalarQuantizer training options, an SQ index's trained flag
 
 # a module __getattr__ (LocalIndex imported lazily); methods only the tests and benchmarks call
 __getattr__

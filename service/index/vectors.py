@@ -307,6 +307,8 @@ class VectorSet:
     def _quantized_memory(self) -> dict[str, int]:
         """(codes, the rest) of a quantized structure: int8 or sign-bit codes; the HNSW graph and ids."""
         ann = self._ann
+        if ann is None:
+            return {}
         binary = self.quantization == "binary"
         inner = faiss.downcast_IndexBinary(ann.index) if binary else faiss.downcast_index(ann.index)
         other = ann.id_map.size() * 8
