@@ -149,7 +149,9 @@ def running_service(export_dir: Path, workers: int, backend: str = "null", timeo
     `settings`: more SEMBED_* variables (device="cuda" → SEMBED_DEVICE=cuda)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sembed-frontend-") as tmp:
-        env = {**os.environ, **{f"SEMBED_{k.upper()}": v for k, v in settings.items()},
+        # wrk sends the same bodies again and again: the vector cache off, every request pays its tokenising and
+        # the engine's round trip, which is what this measures (the cache's own bench: benchmarks/serving.py)
+        env = {**os.environ, "SEMBED_CACHE_MB": "0", **{f"SEMBED_{k.upper()}": v for k, v in settings.items()},
                "SEMBED_BACKEND": backend, "SEMBED_MODEL_DIR": str(export_dir),
                "SEMBED_API_WORKERS": str(workers), "SEMBED_HOST": "127.0.0.1", "SEMBED_PORT": str(port),
                "SEMBED_ACCESS_LOG": "false", "SEMBED_INDEX_PATH": f"{tmp}/index", "SEMBED_DRAIN_DELAY_S": "0"}

@@ -142,12 +142,15 @@ class Connection:
         self.writer.close()
 
 
-def start_service(export_dir: Path, variant: str = "fp32") -> tuple[subprocess.Popen, int]:
+def start_service(export_dir: Path, variant: str = "fp32", cache_mb: float = 0) -> tuple[subprocess.Popen, int]:
+    """`python -m service` on a free port. The vector cache is off unless `cache_mb` is given: the rounds send the
+    same texts again, and everything but the cache's own workload measures the engine."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "SEMBED_MODEL_DIR": str(export_dir), "SEMBED_PORT": str(port), "SEMBED_HOST": "127.0.0.1",
-           "SEMBED_VARIANT": variant, "SEMBED_INDEX_PATH": MEMORY_ONLY}  # the bench never keeps an index
+           "SEMBED_VARIANT": variant, "SEMBED_INDEX_PATH": MEMORY_ONLY,  # the bench never keeps an index
+           "SEMBED_CACHE_MB": str(cache_mb)}
     # The log goes to a file: a pipe nobody reads fills up with access lines and stalls the service.
     log_file = tempfile.NamedTemporaryFile(prefix="sembed-bench-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log_file, stderr=subprocess.STDOUT)

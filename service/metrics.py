@@ -59,6 +59,15 @@ class ApiMetrics:
         # collection reads 0 until a restart (prometheus-client cannot remove a series in multiprocess mode).
         self.index_documents = Gauge("sembed_index_documents", "documents per collection", ["collection"],
                                      registry=r, multiprocess_mode="mostrecent")
+        # The vector cache (service/api/cache.py): texts answered from it, texts it lacked, and what it holds (each
+        # API process has its own: the gauges sum over them)
+        self.cache_hits = Counter("sembed_cache_hits", "texts answered from the vector cache", ["model"], registry=r)
+        self.cache_misses = Counter("sembed_cache_misses", "texts the vector cache lacked (embedded by the engine)",
+                                    ["model"], registry=r)
+        self.cache_bytes = Gauge("sembed_cache_bytes", "bytes the vector caches hold", registry=r,
+                                 multiprocess_mode="livesum")
+        self.cache_entries = Gauge("sembed_cache_entries", "vectors the vector caches hold", registry=r,
+                                   multiprocess_mode="livesum")
         self._also: list[CollectorRegistry] = []  # engines run in this process (tests, tools)
 
     def include(self, registry: CollectorRegistry) -> None:

@@ -63,6 +63,14 @@ class Settings(BaseSettings):
                              "of the engines; 0 = half the cores, at least 1 and at most 8 (the other half runs "
                              "the model: onnxruntime on a CPU, feeding the device on a GPU)")
 
+    # --- the vector cache (service/api/cache.py) --------------------------------------------------
+    # On by default: a hit gives the bits a miss gives, so all it costs is memory, bounded here per API process (an
+    # entry is its vector's float32 bytes, its text and a few hundred bytes of bookkeeping: docs/serving.md, "Cache").
+    cache_mb: float = Field(64.0, ge=0, description="each API process's cache of text vectors, in MB: a text seen "
+                            "before (same model, prompt, truncation, normalize) is answered without tokenising or "
+                            "the engine, with the same bits; least recently used out first; emptied for a model on "
+                            "reload; the service holds up to SEMBED_API_WORKERS times this; 0: off")
+
     # --- the engine -------------------------------------------------------------------------------
     # Unset: TEI's 16384 on a GPU; 4096 on a CPU, where a 16384-token pass takes seconds (a one-text
     # request waits for it) and holds twice the memory, for no more throughput (RESULTS.md, Serving on a CPU).

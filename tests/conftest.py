@@ -13,6 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # processes inheriting this environment) keep theirs in memory unless a test names a directory, so no
 # test writes into the repository and no two tests share an index.
 os.environ.setdefault("SEMBED_INDEX_PATH", ":memory:")
+# The vector cache (SEMBED_CACHE_MB) answers a repeated text without the engine: services under test run without it
+# unless a test turns it on, as tests count the engine's texts and send the same text again after killing an engine.
+os.environ.setdefault("SEMBED_CACHE_MB", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DATA_DIR", REPO.parent / "shared" / "data"))

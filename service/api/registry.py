@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from service.api.cache import VectorCache, scope_of
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, InvalidInput, ModelInfo, TokenBatch, WrongModelType
 from service.metrics import ApiMetrics, observe_all
@@ -63,6 +64,7 @@ class ServedModel:
     token: int | None = None  # a staged reload's number at the supervisor
     name: str = ""  # the name requests give it (`model`); set by the registry
     _prompt_tokens: dict[str, int] = field(default_factory=dict, repr=False)  # prompt text → its token count
+    cache: VectorCache = field(default_factory=lambda: VectorCache(0), repr=False)  # the registry's; default: off
 
     @property
     def ready(self) -> bool:
@@ -86,19 +88,32 @@ class ServedModel:
                                         "(send text, or put the prompt's ids in front yourself)",
                                         "prompt_name" if prompt_name is not None else "instruction")
                 batch = from_ids(inputs, self.info.max_seq_length, self.info.vocab_size, truncate)
-            else:
-                texts = cast(list[str], inputs)  # inputs[0] is a str: pydantic's lists hold one kind
-                check_texts(texts)
-                prompt = self.prompt(prompt_name, instruction)
+                return await self._infer(batch, normalize, timeout_s, time.perf_counter() - start)
+            texts = cast(list[str], inputs)  # inputs[0] is a str: pydantic's lists hold one kind
+            check_texts(texts)
+            prompt = self.prompt(prompt_name, instruction)
+
+            async def embed_texts(some: list[str], positions: list[int] | None = None):
+                """`some` of the texts (at `positions` of the request: what a refusal names) through the engine."""
                 if prompt.text:
                     await self._check_room(prompt)
-                    texts = [prompt.text + text for text in texts]
-                batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, texts)), texts,
+                    some = [prompt.text + text for text in some]
+                batch, original = await self._tokenize(self.tokenizer.encode, sum(map(len, some)), some,
                                                        truncation_direction)
                 if not truncate:
+                    if positions is not None:  # a refusal names the text's index in the request
+                        full = np.zeros(len(texts), original.dtype)
+                        full[positions] = original
+                        original = full
                     check_truncation(original, self.info.max_seq_length,
                                      "inputs[{}] with its prompt" if prompt.text else "inputs[{}]")
-            return await self._infer(batch, normalize, timeout_s, time.perf_counter() - start)
+                result = await self._infer(batch, normalize, timeout_s, time.perf_counter() - start)
+                return result, batch.lengths
+
+            if not (self.cache.on and texts and self.name):  # a staged model (no name yet) serves no requests
+                return (await embed_texts(texts))[0]
+            scope = scope_of(self.name, self.info, prompt.text, truncate, truncation_direction, normalize)
+            return await self.cache.embed(scope, texts, embed_texts)
 
     def prompt(self, name: str | None = None, instruction: str | None = None) -> Prompt:
         """The text put before each input, chosen as sentence-transformers' encode(prompt=, prompt_name=)
@@ -299,14 +314,15 @@ def sparsify(vectors: np.ndarray, max_active_dims: int | None = None) -> list[Sp
 
 
 class ModelRegistry:
-    def __init__(self, metrics: ApiMetrics | None = None, auto_truncate: bool = True) -> None:
+    def __init__(self, metrics: ApiMetrics | None = None, auto_truncate: bool = True, cache_mb: float = 0) -> None:
         self.metrics = metrics or ApiMetrics()
         self.auto_truncate = auto_truncate
+        self.cache = VectorCache(int(cache_mb * 2**20), self.metrics)  # every model's text vectors (0 MB: off)
         self._models: dict[str, ServedModel] = {}
         self.default: str | None = None
 
     def served(self, client: EngineClient, tokenizer: TextTokenizer) -> ServedModel:
-        return ServedModel(client, tokenizer, self.metrics, self.auto_truncate)
+        return ServedModel(client, tokenizer, self.metrics, self.auto_truncate, cache=self.cache)
 
     def add(self, name: str, client: EngineClient, tokenizer: TextTokenizer) -> ServedModel:
         if name in self._models:
@@ -330,6 +346,7 @@ class ModelRegistry:
         old = self.get(name)
         self._models[name] = model
         model.name = name
+        self.cache.drop(name)  # the old graph's vectors (retire drops what its last requests add)
         return old
 
     def resolve(self, name: str | None = None) -> str:
@@ -365,4 +382,5 @@ async def retire(model: ServedModel, grace_s: float) -> None:
     deadline = loop.time() + grace_s
     while (model.held or getattr(model.client, "in_flight", 0)) and loop.time() < deadline:
         await asyncio.sleep(0.05)
+    model.cache.drop(model.name)
     await model.client.close()

@@ -47,7 +47,7 @@ async def connect_model(settings: Settings, model: ModelEndpoint, timeout_s: flo
 
 
 async def connect_registry(topology: Topology, settings: Settings, metrics: ApiMetrics) -> ModelRegistry:
-    registry = ModelRegistry(metrics, settings.auto_truncate)
+    registry = ModelRegistry(metrics, settings.auto_truncate, settings.cache_mb)
     connected = await asyncio.gather(*(connect_model(settings, m) for m in topology.models))
     for model, (client, tokenizer) in zip(topology.models, connected):
         registry.add(model.name, client, tokenizer)
