@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import ServiceProcess
 from tests.test_prompts import prompted_export  # noqa: F401 - a fixture, used by name
 
-EMBEDDER, RERANKER, CLASSIFIER = "all-MiniLM-L6-v2", "reranker", "classifier"
+EMBEDDER, RERANKER, CLASSIFIER, SPLADE = "all-MiniLM-L6-v2", "reranker", "classifier", "splade"
 LABELS = {0: "negative", 1: "positive"}
 TEXTS = ["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply on Monday."]
 LONG = " ".join(f"word{i}" for i in range(400))  # over the model's 256 tokens: which end is cut matters
@@ -64,6 +64,18 @@ def pair_scorers(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
+def splade(tmp_path_factory) -> Path:
+    """A tiny random-weight SPLADE model (tests/tiny_models.py), exported."""
+    from core.sparse import SpladeEncoder
+    from export.sparse import export_sparse
+    from tests.tiny_models import build_splade
+
+    root = tmp_path_factory.mktemp("splade")
+    export_sparse(SpladeEncoder.from_pretrained(build_splade(root / "source")), root / SPLADE)
+    return root / SPLADE
+
+
+@pytest.fixture(scope="module")
 def url(prompted_export, pair_scorers, tmp_path_factory):  # noqa: F811 - the imported fixture
     """The service: the prompted default export first (the default model), then the reranker and the classifier."""
     models = {EMBEDDER: prompted_export, **pair_scorers}
@@ -73,10 +85,10 @@ def url(prompted_export, pair_scorers, tmp_path_factory):  # noqa: F811 - the im
 
 
 @pytest.fixture(scope="module")
-def classifier_url(pair_scorers, tmp_path_factory):
-    """A second service whose default model is the classifier (the reranker beside it)."""
+def classifier_url(pair_scorers, splade, tmp_path_factory):
+    """A second service whose default model is the classifier (the reranker and a SPLADE model beside it)."""
     spec = ",".join(f"{name}={path}" for name, path in (
-        (CLASSIFIER, pair_scorers[CLASSIFIER]), (RERANKER, pair_scorers[RERANKER])))
+        (CLASSIFIER, pair_scorers[CLASSIFIER]), (RERANKER, pair_scorers[RERANKER]), (SPLADE, splade)))
     with ServiceProcess({"SEMBED_MODELS": spec}, tmp_path_factory.mktemp("service") / "service.log") as service:
         yield service.url
 
@@ -300,10 +312,12 @@ def test_a_reranker_answers_predict_as_teis_does(url):
 
 def test_the_bare_route_answers_the_models_task_as_teis(url, classifier_url):
     """POST / is the served model's task: an embedder's /embed or /similarity, a classifier's /predict, a
-    reranker's /rerank (the body's `model` picks among the served)."""
+    reranker's /rerank, a SPLADE model's /embed_sparse (the body's `model` picks among the served)."""
     assert_same(post(url, "/", {"inputs": TEXTS}).json(), embed(url, inputs=TEXTS))
     assert post(classifier_url, "/", {"inputs": TEXTS[0]}).json() == post(
         classifier_url, "/predict", {"inputs": TEXTS[0]}).json()
+    sparse = {"inputs": TEXTS, "model": SPLADE}
+    assert post(classifier_url, "/", sparse).json() == post(classifier_url, "/embed_sparse", sparse).json()
     rerank = {"query": TEXTS[0], "texts": TEXTS[1:], "model": RERANKER}
     assert post(url, "/", rerank).json() == post(url, "/rerank", rerank).json()
     refused = post(url, "/", {"inputs": "x", "model": RERANKER})  # a reranker's body is a query and texts

@@ -198,17 +198,19 @@ async def embed_all(req: schemas.EmbedAllRequest, request: Request):
     return NumpyJSONResponse(states, headers=timing_headers(result, time.perf_counter() - start))
 
 
-@router.post("/", summary="The model's task: embed or compare by the body's shape, classify, or rerank",
+@router.post("/", summary="The model's task: embed or compare (by the body's shape), classify, rerank, embed sparse",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
                  "anyOf": [{"$ref": "#/components/schemas/EmbedRequest"},
                            {"$ref": "#/components/schemas/SimilarityRequest"},
                            {"$ref": "#/components/schemas/PredictRequest"},
-                           {"$ref": "#/components/schemas/RerankRequest"}]}}}}})
+                           {"$ref": "#/components/schemas/RerankRequest"},
+                           {"$ref": "#/components/schemas/EmbedSparseRequest"}]}}}}})
 async def predict(request: Request):
     """As TEI's bare route, the task of the model (the body's `model`, else the default): a classifier's is
-    /predict, a reranker's /rerank; an embedding model's `{"inputs": str | [str]}` embeds (as /embed) and
-    `{"inputs": {"source_sentence", "sentences"}}` compares (as /similarity). This is where huggingface_hub's
-    InferenceClient sends its tasks (feature_extraction, sentence_similarity, text_classification)."""
+    /predict, a reranker's /rerank, a sparse (SPLADE) model's /embed_sparse; an embedding model's
+    `{"inputs": str | [str]}` embeds (as /embed) and `{"inputs": {"source_sentence", "sentences"}}` compares (as
+    /similarity). This is where huggingface_hub's InferenceClient sends its tasks (feature_extraction,
+    sentence_similarity, text_classification)."""
     body = read_json(await request.body())
     inputs = body.get("inputs") if isinstance(body, dict) else None
     name = body.get("model") if isinstance(body, dict) else None
@@ -218,6 +220,8 @@ async def predict(request: Request):
             return await classify(schemas.PredictRequest.model_validate(body), request)
         if info.is_cross_encoder:
             return await rerank(schemas.RerankRequest.model_validate(body), request)
+        if info.is_sparse:
+            return await embed_sparse(schemas.EmbedSparseRequest.model_validate(body), request)
         if isinstance(inputs, dict):
             return await similarity(schemas.SimilarityRequest.model_validate(body), request)
         return await embed(schemas.EmbedRequest.model_validate(body), request)
