@@ -458,3 +458,24 @@ def test_the_queue_keeps_the_count_of_tokens_ahead_that_admission_bounds_a_wait_
     assert queue.queued_tokens == 6
     queue.close()
     assert queue.next_batch() is None and queue.queued_tokens == 0
+
+
+def test_a_longer_text_among_a_steady_flow_of_short_ones_leads_a_pass_after_two_without_it():
+    from service.engine.queue import MAX_PASSED_OVER, BatchQueue, Job
+    from service.ipc.messages import TokenBatch
+
+    def single(n: int) -> Job:
+        return Job(TokenBatch.from_rows([[7] * n]), 8, float("inf"), lambda job: None)
+
+    queue = BatchQueue(max_batch_tokens=4096, max_batch_requests=64, pad_to_multiple_of=1, max_seq_length=64)
+    long = single(30)
+    queue.put(long)
+    passes = []
+    for _ in range(6):  # short texts keep arriving: some before every pass
+        for _ in range(5):
+            queue.put(single(8))
+        passes.append([job for job, _, _ in queue.next_batch().parts])
+    # shorter texts are first in line, and 30 tokens is over twice their 8: left out until it has waited enough
+    assert [long in p for p in passes[:MAX_PASSED_OVER]] == [False] * MAX_PASSED_OVER
+    assert passes[MAX_PASSED_OVER][0] is long and passes[MAX_PASSED_OVER] == [long]  # the short ones: next pass
+    assert all(long not in p and len(p) >= 5 for p in passes[MAX_PASSED_OVER + 1:])

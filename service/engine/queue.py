@@ -1,12 +1,14 @@
 """The batch queue: tokenised requests wait here and leave as forward passes under a token budget.
 
-Modelled on TEI's `core/src/queue.rs`, with two changes for a CPU where one pass can take seconds:
+Modelled on TEI's `core/src/queue.rs`, with three changes for a CPU where one pass can take seconds:
 - **fair**: the requests served the fewest tokens so far (then the smallest) fill each pass first,
   each with as many of its rows as the pass takes, so a one-text request arriving behind a
   256-text request runs in the next pass, not after it, and large requests take turns pass by pass;
 - **grouped by length**: a row joins a pass only if the pass's padded length stays within twice
   the row's own, so short texts are not padded to a long neighbour's length (the budget alone
-  would allow 63 short rows at 256 tokens each).
+  would allow 63 short rows at 256 tokens each);
+- **bounded**: a request those two rules leave out of two passes leads the next one, so a longer text is not
+  kept waiting for as long as shorter ones keep arriving.
 
 A pass holds at most `max_batch_requests` rows and `max_batch_tokens` tokens counted *with*
 padding (rows × padded length, the rows too where the backend pads their count to buckets, as on
@@ -31,6 +33,9 @@ from service.ipc.messages import TokenBatch
 
 #: a row may be padded to at most this many times its own (padded) length
 MAX_PADDING_RATIO = 2
+#: a request left out of this many passes leads the next one (two: a one-text request arriving behind a large
+#: one that has not started yet still goes first, as the least served)
+MAX_PASSED_OVER = 2
 
 
 @dataclass(eq=False)
@@ -51,6 +56,7 @@ class Job:
     scheduled_at: float | None = None  # when its first row entered a pass
     inference_s: float = 0.0  # time spent in passes that carried its rows
     served_tokens: int = 0
+    passed_over: int = 0  # passes formed while it waited that took none of its rows
     size: int = field(init=False)  # rows
     _order: np.ndarray | None = field(init=False)  # row indices, shortest first (None: already in that order)
     _scheduled: TokenBatch = field(init=False)  # the rows in that order: a pass's share is one slice of it
@@ -229,6 +235,14 @@ class BatchQueue:
         # takes (the first row always fits: see __init__). A job's rows are sorted by length, so each run of rows
         # padded to one length joins or stops as a whole: steps per distinct length, not per row.
         jobs = sorted(self._jobs, key=lambda j: (j.served_tokens, j.prompt_tokens, j.enqueued_at))
+        # That order alone starves: while shorter texts keep coming, a longer one is never first, and the padding
+        # ratio keeps it out of every pass they lead (as the row cap would keep it out of passes they fill). A job
+        # passed over MAX_PASSED_OVER times leads the next pass (the oldest such first): every wait is bounded.
+        due = [job for job in jobs if job.passed_over >= MAX_PASSED_OVER]
+        if due:
+            leader = min(due, key=lambda j: j.enqueued_at)
+            jobs.remove(leader)
+            jobs.insert(0, leader)
         taken: dict[Job, int] = {}
         multiple, cap = self.pad_to_multiple_of, self.max_batch_requests
         rows = seq_len = shortest = 0
@@ -258,6 +272,9 @@ class BatchQueue:
             job._cursor += n
             if job.scheduled_at is None:
                 job.scheduled_at = now
+        for job in self._jobs:
+            if job not in taken:
+                job.passed_over += 1
         self._jobs = [j for j in self._jobs if j._cursor < j.size]
         self._queued_tokens = sum(j.prompt_tokens - j.served_tokens for j in self._jobs)
         return Batch(parts)
