@@ -192,6 +192,7 @@ def export_onnx(
             pad_token_id=tok.pad_token_id,
             inputs=input_names,
             outputs=GRAPH_OUTPUTS,
+            token_dimension=getattr(encoder.transformer.config, "hidden_size", 0),
             onnx_sha256=sha256_file(graph_path),
             created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             parity_max_abs_diff=diff,

@@ -68,6 +68,8 @@ class Manifest(BaseModel):
         "Sigmoid", description="a cross-encoder's: what turns its logit into the score /rerank answers "
         "(sentence-transformers' CrossEncoder activation_fn)")
 
+    token_dimension: int = Field(0, description=f"the hidden size of the graph's {TOKEN_OUTPUT!r} output (every "
+                                 "token's last hidden state, TEI's /embed_all); 0: exported before it, or none")
     max_active_dims: int | None = Field(None, description="a sparse model's: the most non-zero dimensions a "
                                         "vector keeps (its largest values), as SparseEncoder.encode keeps by default")
     splade: dict[str, str] | None = Field(None, description="a sparse model's SpladePooling: pooling_strategy "

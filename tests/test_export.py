@@ -43,7 +43,8 @@ def test_graph_has_dynamic_axes_and_token_type_ids(default_export):
     inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
     assert inputs == {n: ["batch", "sequence"] for n in ("input_ids", "attention_mask", "token_type_ids")}
     outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
-    assert outputs == {"embedding": ["batch", 384], "embedding_raw": ["batch", 384]}
+    assert outputs == {"embedding": ["batch", 384], "embedding_raw": ["batch", 384],
+                       "token_embeddings": ["batch", "sequence", 384]}  # /embed_all's
 
 
 def test_manifest_describes_the_export(default_export):
@@ -221,7 +222,8 @@ def test_the_export_carries_an_fp16_variant_measured_on_the_cpu(default_export):
     kinds = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)}
     assert kinds == {"input_ids": onnx.TensorProto.INT64, "attention_mask": onnx.TensorProto.INT64,
                      "token_type_ids": onnx.TensorProto.INT64, "embedding": onnx.TensorProto.FLOAT,
-                     "embedding_raw": onnx.TensorProto.FLOAT}  # the service feeds and reads it as fp32's
+                     "embedding_raw": onnx.TensorProto.FLOAT,
+                     "token_embeddings": onnx.TensorProto.FLOAT}  # the service feeds and reads it as fp32's
     half = OnnxBackend(default_export, variant="fp16")
     half.self_check()  # its own recorded golden vectors, unit length
     texts = ["A man is playing a guitar.", " ".join(["A long text about music and guitars."] * 30)]

@@ -218,7 +218,7 @@ def test_an_export_without_the_token_output_is_refused_for_embed_all_saying_re_e
     onnx.save(graph, str(old / GRAPH_FILE))
     manifest = json.loads((export / MANIFEST_FILE).read_text())
     digest = sha256_file(old / GRAPH_FILE)
-    manifest.update(outputs=["embedding", "embedding_raw"], onnx_sha256=digest,
+    manifest.update(outputs=["embedding", "embedding_raw"], token_dimension=0, onnx_sha256=digest,
                     variants={"fp32": {"file": GRAPH_FILE, "sha256": digest}})
     (old / MANIFEST_FILE).write_text(json.dumps(manifest))
     backend = OnnxBackend(old)

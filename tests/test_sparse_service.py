@@ -49,7 +49,7 @@ def _without_token_output(export, out):
     onnx.save(graph, str(out / GRAPH_FILE))
     digest = sha256_file(out / GRAPH_FILE)
     manifest = json.loads((export / MANIFEST_FILE).read_text())
-    manifest.update(name="old", outputs=["embedding", "embedding_raw"], onnx_sha256=digest,
+    manifest.update(name="old", outputs=["embedding", "embedding_raw"], token_dimension=0, onnx_sha256=digest,
                     variants={"fp32": {"file": GRAPH_FILE, "sha256": digest}})
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     return out

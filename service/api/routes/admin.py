@@ -14,7 +14,7 @@ from service.api.errors import ApiError
 from service.api.routes.common import registry, settings
 from service.index import ModelStamp
 from service.index.reembed import reembed
-from service.manifest import CLASSIFIER, CROSS_ENCODER, EMBEDDING
+from service.manifest import CLASSIFIER, CROSS_ENCODER, EMBEDDING, SPARSE
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 log = logging.getLogger("sembed.admin")
@@ -34,7 +34,7 @@ class ReembedRequest(BaseModel):
 
 
 _KINDS = {EMBEDDING: "an embedding model", CROSS_ENCODER: "a cross-encoder (reranker)",
-          CLASSIFIER: "a sequence classifier"}
+          CLASSIFIER: "a sequence classifier", SPARSE: "a sparse (SPLADE) model"}
 
 
 @router.post("/models/{name}/reload")

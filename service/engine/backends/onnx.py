@@ -14,6 +14,7 @@ from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import (
     CLASSIFIER,
     CROSS_ENCODER,
+    EMBEDDING,
     GRAPH_FILE,
     SCORE_OUTPUT,
     SPARSE,
@@ -170,12 +171,10 @@ class OnnxBackend:
                                 kind=self.manifest.kind, token_dimension=self._token_dimension())
 
     def _token_dimension(self) -> int:
-        """The hidden size of the graph's token output, 0 where it has none (exported before /embed_all)."""
-        if self.scorer or self.sparse:
-            return 0
-        output = next((o for o in self.session.get_outputs() if o.name == TOKEN_OUTPUT), None)
-        hidden = output.shape[-1] if output is not None else None
-        return hidden if isinstance(hidden, int) else 0
+        """The hidden size of the graph's token output, 0 where it has none (exported before /embed_all); the
+        variants are built from the fp32 graph and keep its outputs."""
+        manifest = self.manifest
+        return manifest.token_dimension if manifest.kind == EMBEDDING and TOKEN_OUTPUT in manifest.outputs else 0
 
     def _variant_entry(self, variant: str) -> dict:
         variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}
