@@ -260,8 +260,8 @@ class Supervisor:
         events.send(control.encode(control.Switching(token, model.name, model.export_dir, model.endpoint)))
         waiting, deadline = alive, time.monotonic() + self.settings.shutdown_grace_s
         while waiting and time.monotonic() < deadline:
-            if acks.poll(100):
-                acks.recv()
+            # an acknowledgement left over from an earlier switch that timed out does not count for this one
+            if acks.poll(100) and control.decode_acknowledged(acks.recv()).token == token:
                 waiting -= 1
         with self.lock:
             self.topology_now = replace(self.topology_now, models=[model if m.name == model.name else m

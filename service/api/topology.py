@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from service.ipc.messages import ModelInfo
 from service.metrics import ApiMetrics
 from service.settings import Settings
 from service.tokenization import Tokenizer, WordTokenizer
+
+log = logging.getLogger("sembed.api")
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,9 @@ class SupervisorLoader:
         if staged.token is None:
             raise ValueError("switch: this model was not staged by this loader")
         previous = self.registry.get(name).info
-        await self._request(control.Switch(staged.token))  # answered once every API process switched
+        reply = await self._request(control.Switch(staged.token))  # answered once every API process switched
+        if isinstance(reply, control.Switched) and reply.unacknowledged:
+            log.warning("%d API process(es) did not acknowledge the switch of %s in time", reply.unacknowledged, name)
         return previous
 
     async def discard(self, staged: ServedModel) -> None:
