@@ -5,6 +5,8 @@ real tokenizer and dimension, constant vectors), wrk drives:
   - single-text requests (POST /embed {"inputs": "<short text>"}) at a fixed concurrency: req/s, p50/p99;
   - batches of 32 and 256 short texts, POST /embed (JSON) and POST /v1/embeddings (base64): sentences/s;
   - batches of 256 as int8 and binary vectors (POST /embed's embedding_type): their cost per vector over float;
+  - TEI's gRPC API (SEMBED_GRPC_PORT) beside it: single-text Embed calls, and EmbedStream streams of 256 texts
+    (what tei-client sends for a batch), driven by grpc.aio client processes (wrk speaks no gRPC);
 and the server's CPU time per request and per sentence is read from /proc (utime + stime of the
 supervisor and every process under it, before and after each phase), with each process's share of
 it and each API worker's RSS. The load generator is several wrk processes (C, epoll, a few % of a
@@ -141,6 +143,7 @@ def free_port() -> int:
 class Service:
     proc: subprocess.Popen
     port: int
+    grpc_port: int = 0  # SEMBED_GRPC_PORT; 0: off
 
 
 @contextmanager
@@ -160,7 +163,7 @@ def running_service(export_dir: Path, workers: int, backend: str = "null", timeo
             proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_ready(proc, port, workers, timeout, Path(f"{tmp}/service.log"))
-            yield Service(proc, port)
+            yield Service(proc, port, int(settings.get("grpc_port", 0)))
         finally:
             machine.stop(proc)
 
@@ -225,7 +228,8 @@ def percentile(histogram: dict[int, int], q: float) -> float:
 
 def load_phase(wrk: str, service: Service, path: str, bodies: list[bytes], *, connections: int, clients: int,
                duration: float, sentences_per_request: int = 1) -> dict:
-    """wrk (`clients` processes, `connections` in all) posts `bodies` to `path` for `duration` seconds;
+    """wrk (`clients` processes, `connections` in all) posts `bodies` to `path` for `duration` seconds (a path
+    "grpc:<method>": grpc_client processes call it on the gRPC port instead, with serialised messages as `bodies`);
     the server's CPU time over the phase, summed over its process tree and split by process."""
     with tempfile.TemporaryDirectory(prefix="sembed-wrk-") as tmp:
         script, body_file = Path(tmp, "post.lua"), Path(tmp, "bodies.jsonl")
@@ -240,9 +244,13 @@ def load_phase(wrk: str, service: Service, path: str, bodies: list[bytes], *, co
         tree = process_tree(service.proc.pid)
         before, client_before = cpu_seconds(tree), resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        procs = [subprocess.Popen([*command, f"-c{c}", url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for c in per_client]
-        outputs = [p.communicate() for p in procs]  # waited for: their CPU lands in RUSAGE_CHILDREN
+        if path.startswith("grpc:"):
+            outputs, procs = grpc_load(service, path.removeprefix("grpc:"), bodies, per_client, duration,
+                                       sentences_per_request)
+        else:
+            procs = [subprocess.Popen([*command, f"-c{c}", url], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for c in per_client]
+            outputs = [p.communicate() for p in procs]  # waited for: their CPU lands in RUSAGE_CHILDREN
         wall = time.perf_counter() - start
         client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         after_tree = process_tree(service.proc.pid)
@@ -283,6 +291,74 @@ def load_phase(wrk: str, service: Service, path: str, bodies: list[bytes], *, co
     }
 
 
+def grpc_load(service: Service, method: str, bodies: list[bytes], per_client: list[int], duration: float,
+              per_request: int) -> tuple[list[tuple[str, str]], list]:
+    """`method` called on the service's gRPC port by one grpc_client process per entry of `per_client` (that many
+    calls in flight each) for `duration` seconds; their outputs in wrk's format, and the processes (returncode 0)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    target = f"127.0.0.1:{service.grpc_port}"
+    with context.Pool(len(per_client)) as pool:  # joined on exit: their CPU lands in RUSAGE_CHILDREN
+        outputs = pool.starmap(grpc_client, [(target, method, bodies, c, duration, per_request) for c in per_client])
+        pool.close()
+        pool.join()
+    return [(out, "") for out in outputs], [argparse.Namespace(returncode=0) for _ in outputs]
+
+
+def grpc_client(target: str, method: str, bodies: list[bytes], concurrency: int, duration: float,
+                per_request: int) -> str:
+    """One load process: `concurrency` calls in flight on one channel, each a unary call with the next body, or a
+    stream of the next `per_request` bodies (its answers all read); wrk's TOTAL and LAT lines."""
+    import asyncio
+
+    import grpc
+
+    async def run() -> str:
+        latencies: dict[int, int] = {}
+        counts = {"requests": 0, "errors": 0, "next": 0}
+        async with grpc.aio.insecure_channel(target) as channel:
+            unary = channel.unary_unary(method)
+            stream = channel.stream_stream(method)
+            deadline = time.perf_counter() + duration
+
+            def take() -> list[bytes]:
+                start = counts["next"]
+                counts["next"] += per_request
+                return [bodies[(start + i) % len(bodies)] for i in range(per_request)]
+
+            async def loop() -> None:
+                while time.perf_counter() < deadline:
+                    messages, start = take(), time.perf_counter()
+                    try:
+                        if per_request == 1 and not method.endswith("Stream"):
+                            await unary(messages[0])
+                        else:
+                            answers = [answer async for answer in stream(iter(messages))]
+                            assert len(answers) == len(messages)
+                    except grpc.aio.AioRpcError:
+                        counts["errors"] += 1
+                        continue
+                    us = int((time.perf_counter() - start) * 1e6)
+                    latencies[us] = latencies.get(us, 0) + 1
+                    counts["requests"] += 1
+
+            began = time.perf_counter()
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - began
+        lines = [f"TOTAL {int(elapsed * 1e6)} {counts['requests']} {counts['errors']} 0"]
+        return "\n".join(lines + [f"LAT {us} {n}" for us, n in latencies.items()])
+
+    return asyncio.run(run())
+
+
+def grpc_bodies(texts: list[str]) -> list[bytes]:
+    """Serialised TEI EmbedRequest messages of one text each."""
+    from service.api.grpc import tei_pb2
+
+    return [tei_pb2.EmbedRequest(inputs=t).SerializeToString() for t in texts]
+
+
 def share_by_title(per_process: dict[int, float], titles: dict[int, str], total: float) -> dict[str, float]:
     shares: dict[str, float] = {}
     for pid, seconds in per_process.items():
@@ -314,7 +390,10 @@ def phases(texts: list[str], concurrency: int, batch_concurrency: int,
             ("batch256 base64", "/v1/embeddings", batches(256, True), 256, batch_concurrency),
             # output types (service/api/output_types.py) over batch256 json's float
             *([("batch256 int8", "/embed", batches(256, False, "int8"), 256, batch_concurrency)] if int8 else []),
-            ("batch256 binary", "/embed", batches(256, False, "binary"), 256, batch_concurrency)]
+            ("batch256 binary", "/embed", batches(256, False, "binary"), 256, batch_concurrency),
+            # TEI's gRPC API: one text a call, and a stream of 256 texts (tei-client's batch)
+            ("grpc singles", "grpc:/tei.v1.Embed/Embed", grpc_bodies(texts), 1, concurrency),
+            ("grpc stream256", "grpc:/tei.v1.Embed/EmbedStream", grpc_bodies(texts), 256, batch_concurrency)]
 
 
 def calibrated(export_dir: Path) -> bool:
@@ -361,7 +440,7 @@ def bench_workers(wrk: str, export_dir: Path, workers: int, texts: list[str], ar
     the malformed bodies' statuses if asked."""
     out: dict = {"phases": {}}
     plan = phases(texts, args.concurrency, args.batch_concurrency, int8=calibrated(export_dir))
-    with running_service(export_dir, workers, backend, **settings) as service:
+    with running_service(export_dir, workers, backend, **{"grpc_port": str(free_port()), **settings}) as service:
         _, path, bodies, _, connections = plan[0]  # warm-up: lazy imports, caches, connection pools
         load_phase(wrk, service, path, bodies, connections=connections, clients=args.clients,
                    duration=max(1.0, args.duration / 4))
@@ -406,6 +485,11 @@ def checks(runs: dict[int, dict], malformed: list[dict] | None) -> list[tuple[st
             over = p[name]["server_us_per_sentence"] - p["batch256 json"]["server_us_per_sentence"]
             out.append((f"{workers} API worker(s): {name} output costs {over:+.2f} µs server CPU per vector over "
                         f"float (target ≤ {TARGET_OUTPUT_TYPE_US:g})", over <= TARGET_OUTPUT_TYPE_US))
+        for name, over_http, unit in (("grpc singles", "singles", "request"),
+                                      ("grpc stream256", "batch256 json", "sentence")):
+            us, http_us = p[name][f"server_us_per_{unit}"], p[over_http][f"server_us_per_{unit}"]
+            out.append((f"{workers} API worker(s): {name}: {us:.1f} µs server CPU per {unit} against HTTP's "
+                        f"{http_us:.1f} ({over_http}; target: no more)", us <= http_us))
         worst = max(run["rss_mb"].values())
         out.append((f"{workers} API worker(s): largest API-worker RSS {worst:.0f} MB (target ≤ {TARGET_RSS_MB})",
                     worst <= TARGET_RSS_MB))
