@@ -12,7 +12,8 @@ API process's event loop, beside HTTP: the same models (`registry`), the same ro
 - A message over max_request_bytes is refused by grpcio itself (RESOURCE_EXHAUSTED); a stream is held to what
   one HTTP request may carry: max_client_batch_size messages (more: INVALID_ARGUMENT) and max_request_bytes in
   all (more: RESOURCE_EXHAUSTED). A stream's messages run concurrently, as TEI runs them, and are answered in
-  order; the first one refused ends the stream with its status, after the answers before it.
+  order (EmbedStream's as groups: those that arrived together, one /embed request); the first one refused ends
+  the stream with its status, after the answers before it.
 - `truncate` is the proto's plain bool, as TEI reads it: false (the default) refuses an input over the model's
   length (INVALID_ARGUMENT) whatever SEMBED_AUTO_TRUNCATE says.
 """
@@ -22,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -57,6 +58,7 @@ _MODEL_TYPES: dict[str, pb.ModelType] = {"reranker": pb.MODEL_TYPE_RERANKER, "cl
 
 M = TypeVar("M", bound=Message)
 Answer = Callable[[ServedModel, Any], Awaitable[Message]]
+Together = Callable[[ServedModel, list[Any]], Awaitable[Sequence[Message]]]
 
 
 def status_code(error: ApiError) -> grpc.StatusCode:
@@ -113,7 +115,7 @@ class TeiService:
         services: dict[str, dict[str, grpc.RpcMethodHandler]] = {
             "Info": {"Info": unary("Info", pb.InfoRequest, self.info)},
             "Embed": {"Embed": unary("Embed", pb.EmbedRequest, self.embed),
-                      "EmbedStream": stream("EmbedStream", pb.EmbedRequest, self.embed),
+                      "EmbedStream": stream("EmbedStream", pb.EmbedRequest, self.embed, self.embed_together),
                       "EmbedSparse": unary("EmbedSparse", pb.EmbedSparseRequest, self.embed_sparse),
                       "EmbedSparseStream": stream("EmbedSparseStream", pb.EmbedSparseRequest, self.embed_sparse),
                       "EmbedAll": unary("EmbedAll", pb.EmbedAllRequest, self.embed_all),
@@ -167,20 +169,24 @@ class TeiService:
 
         return grpc.unary_unary_rpc_method_handler(call, response_serializer=_serialize)
 
-    def _stream(self, method: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
+    def _stream(self, method: str, kind: type[Message], answer: Answer,
+                together: Together | None = None) -> grpc.RpcMethodHandler:
+        """A stream's messages answered in order. With `together`, the messages that arrived while the stream's last
+        group was being answered are answered as one group (one request to the engine: a client that streams a
+        batch, as tei-client does, costs what one HTTP request of it costs, not a request per text)."""
         async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
             queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
-            reader = None
+            tasks: set[asyncio.Future] = set()  # this stream's reader and group tasks
             try:
                 served = self._model(context, method)
-                reader = asyncio.ensure_future(self._read(requests, kind, served, answer, queue))
+                tasks.add(asyncio.ensure_future(self._read(requests, kind, served, answer, together, queue, tasks)))
                 while (item := await queue.get()) is not None:
                     yield await item
             except Exception as e:
                 await self._abort(context, e)
             finally:
-                if reader is not None:
-                    reader.cancel()
+                for task in tasks:
+                    task.cancel()
                 while not queue.empty():  # the answers nobody will read
                     left = queue.get_nowait()
                     if left is not None:
@@ -191,17 +197,59 @@ class TeiService:
         return grpc.stream_stream_rpc_method_handler(call, response_serializer=_serialize)
 
     async def _read(self, requests: AsyncIterator[bytes], kind: type[Message], served: ServedModel, answer: Answer,
-                    queue: asyncio.Queue[asyncio.Future | None]) -> None:
-        """Each message of a stream, started as it arrives; a refusal ends the stream where it stands."""
+                    together: Together | None, queue: asyncio.Queue[asyncio.Future | None],
+                    tasks: set[asyncio.Future]) -> None:
+        """Each message of a stream, started as it arrives (alone, or in the next group); a refusal ends the stream
+        where it stands."""
+        loop = asyncio.get_running_loop()
+        waiting: list[tuple[Message, asyncio.Future]] = []
+        group: asyncio.Future | None = None
+
+        async def answer_groups() -> None:
+            while waiting:
+                taken = waiting[:]
+                waiting.clear()
+                await self._answer_group(served, answer, cast(Together, together), taken)
+
         try:
             async for parsed in self._messages(requests, kind):
-                queue.put_nowait(asyncio.ensure_future(answer(served, parsed)))
+                if together is None:
+                    queue.put_nowait(asyncio.ensure_future(answer(served, parsed)))
+                    continue
+                future = loop.create_future()
+                waiting.append((parsed, future))
+                queue.put_nowait(future)
+                if group is None or group.done():
+                    group = asyncio.ensure_future(answer_groups())
+                    tasks.add(group)
         except Exception as e:
-            failed = asyncio.get_running_loop().create_future()
+            failed = loop.create_future()
             failed.set_exception(e)
             queue.put_nowait(failed)
         else:
             queue.put_nowait(None)
+
+    @staticmethod
+    async def _answer_group(served: ServedModel, answer: Answer, together: Together,
+                            taken: list[tuple[Message, asyncio.Future]]) -> None:
+        try:
+            answers = await together(served, [message for message, _ in taken])
+        except Exception:
+            # one of them is refused: each answered alone, so the ones before it get their answers, as they would
+            # have one by one, and the stream ends at the refused one
+            for message, future in taken:
+                try:
+                    result = await answer(served, message)
+                except Exception as e:
+                    if not future.done():
+                        future.set_exception(e)
+                else:
+                    if not future.done():
+                        future.set_result(result)
+            return
+        for (_, future), result in zip(taken, answers, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     async def _messages(self, requests: AsyncIterator[bytes], kind: type[M]) -> AsyncIterator[M]:
         """A stream's messages, parsed, held to one HTTP request's limits."""
@@ -231,13 +279,28 @@ class TeiService:
                                tokenization_workers=fields["tokenization_workers"])
 
     async def embed(self, served: ServedModel, r: pb.EmbedRequest) -> pb.EmbedResponse:
+        return (await self.embed_together(served, [r]))[0]
+
+    async def embed_together(self, served: ServedModel, requests: list[pb.EmbedRequest]) -> list[pb.EmbedResponse]:
+        """Several Embed messages (a stream's), one /embed request for each set of options among them. Each answer
+        carries its request's metadata: one message's alone, or its group's tokens and times."""
         start = time.perf_counter()
-        normalize = _optional(r, "normalize")
-        vectors, result = await tei.embed_vectors(
-            served, [r.inputs], self.max_batch, dimensions=_optional(r, "dimensions"),
-            normalize=True if normalize is None else normalize, truncate=r.truncate,
-            direction=_direction(r.truncation_direction), prompt_name=_optional(r, "prompt_name"))
-        return pb.EmbedResponse(embeddings=vectors[0].tolist(), metadata=_metadata(len(r.inputs), result, start))
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            normalize = _optional(r, "normalize")
+            groups.setdefault((r.truncate, True if normalize is None else normalize,
+                               _direction(r.truncation_direction), _optional(r, "prompt_name"),
+                               _optional(r, "dimensions")), []).append(i)
+        done = await asyncio.gather(*(
+            tei.embed_vectors(served, [requests[i].inputs for i in rows], self.max_batch, dimensions=dimensions,
+                              normalize=normalize, truncate=truncate, direction=direction, prompt_name=prompt_name)
+            for (truncate, normalize, direction, prompt_name, dimensions), rows in groups.items()))
+        answers: list[pb.EmbedResponse] = [pb.EmbedResponse()] * len(requests)
+        for rows, (vectors, result) in zip(groups.values(), done):
+            metadata = _metadata(sum(len(requests[i].inputs) for i in rows), result, start)
+            for i, vector in zip(rows, vectors.tolist()):
+                answers[i] = pb.EmbedResponse(embeddings=vector, metadata=metadata)
+        return answers
 
     async def embed_sparse(self, served: ServedModel, r: pb.EmbedSparseRequest) -> pb.EmbedSparseResponse:
         start = time.perf_counter()
