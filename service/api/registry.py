@@ -307,7 +307,7 @@ def sparsify(vectors: np.ndarray, max_active_dims: int | None = None) -> list[Sp
         kept = np.zeros_like(vectors)
         np.put_along_axis(kept, top, np.take_along_axis(vectors, top, axis=1), axis=1)
         vectors = kept
-    rows, cols = np.nonzero(vectors)
+    rows, cols = np.nonzero(vectors != 0)  # numpy finds the non-zeros of a boolean array faster than of floats
     values = vectors[rows, cols]
     bounds = np.searchsorted(rows, np.arange(len(vectors) + 1))
     return [SparseVector(cols[a:b], values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
