@@ -186,6 +186,48 @@ def framework_floor(timeout: float = 60):
         machine.stop(proc)
 
 
+async def grpc_floor_server(port: int) -> None:
+    """A bare grpc.aio server answering TEI's Embed and EmbedStream with a constant 384-d vector: no parsing, no
+    tokenizer, no engine, only what grpcio itself costs a call and a streamed message."""
+    import grpc
+
+    from service.api.grpc import tei_pb2
+
+    answer = tei_pb2.EmbedResponse(embeddings=[0.05] * 384).SerializeToString()
+
+    async def unary(raw: bytes, context) -> bytes:
+        return answer
+
+    async def stream(requests, context):
+        async for _ in requests:
+            yield answer
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("tei.v1.Embed", {
+        "Embed": grpc.unary_unary_rpc_method_handler(unary),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(stream)})])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+@contextmanager
+def grpc_floor(timeout: float = 60):
+    """grpc_floor_server on uvloop, as the API processes run, on a free port."""
+    import grpc
+
+    port = free_port()
+    server = grpc_floor_server.__name__
+    code = f"import uvloop; from benchmarks.frontend import {server}; uvloop.run({server}({port}))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+        yield Service(proc, 0, port)
+    finally:
+        machine.stop(proc)
+
+
 def wait_ready(proc: subprocess.Popen, port: int, workers: int, timeout: float, log: Path) -> None:
     """All `workers` API processes started, and /readyz 200 on enough fresh connections in a row that
     the kernel has handed some to each of them."""
@@ -680,6 +722,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the framework's floor (benchmarks/floor_app.py: one bare FastAPI route on the same uvicorn, httptools, "
           f"uvloop, pydantic and orjson, no tokenizer, no engine): {floor['server_us_per_request']:.0f} µs CPU per "
           f"single-text request at {floor['req_s']:,.0f} req/s")
+    with grpc_floor() as floor_server:
+        bodies = grpc_bodies(texts)
+        grpc_floors = {name: load_phase(wrk, floor_server, path, bodies, connections=connections, clients=args.clients,
+                                        duration=args.duration, sentences_per_request=per_request)
+                       for name, path, per_request, connections in (
+                           ("singles", "grpc:/tei.v1.Embed/Embed", 1, args.concurrency),
+                           ("stream256", "grpc:/tei.v1.Embed/EmbedStream", 256, args.batch_concurrency))}
+    print(f"grpcio's floor (a bare grpc.aio server on uvloop answering Embed with a constant vector): "
+          f"{grpc_floors['singles']['server_us_per_request']:.0f} µs CPU per call, "
+          f"{grpc_floors['stream256']['server_us_per_sentence']:.0f} µs per streamed message")
     print("API-worker RSS after the load (MB):")
     for workers, run in runs.items():
         print(f"  {workers} API worker(s): " + ", ".join(f"{t}: {mb:.0f}" for t, mb in run["rss_mb"].items()))
@@ -698,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     results = {"cpu": machine.cpu_line(), "simd_flags": simd_flags(), "cores": CORES,
                "settings": vars(args),
-               "runs": runs, "framework_floor": floor, "malformed": malformed, "gpu": gpu}
+               "runs": runs, "framework_floor": floor, "grpc_floor": grpc_floors, "malformed": malformed, "gpu": gpu}
     if gpu is None:
         print("NOT MEASURED  the GPU targets (service vs in-process onnxruntime CUDA, singles at concurrency 256, "
               "fp16 vs fp32): no CUDA device here")
