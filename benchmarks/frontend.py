@@ -195,7 +195,7 @@ async def grpc_floor_server(port: int) -> None:
 
     answer = tei_pb2.EmbedResponse(embeddings=[0.05] * 384).SerializeToString()
 
-    async def unary(raw: bytes, context) -> bytes:
+    async def unary(_request: bytes, _context) -> bytes:
         return answer
 
     async def stream(requests, context):
