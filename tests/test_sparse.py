@@ -47,11 +47,13 @@ def _dense(rows, dim: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def splade(tmp_path_factory):
-    """{name: (source, export)} for SpladePooling's two strategies and activations, one with max_active_dims."""
+    """{name: (source, export)} for SpladePooling's two strategies and activations, one with max_active_dims and
+    prompts, and sentence-transformers' two ways to hold the MLM (MLMTransformer; Transformer for fill-mask)."""
     root = tmp_path_factory.mktemp("splade")
     out = {}
     for name, options in {"max": {}, "sum-log1p": {"pooling_strategy": "sum", "activation": "log1p_relu",
-                                                   "max_active_dims": 16, "prompts": PROMPTS}}.items():
+                                                   "max_active_dims": 16, "prompts": PROMPTS,
+                                                   "mlm_module": False}}.items():
         source = build_splade(root / "src" / name, **options)
         export_sparse(SpladeEncoder.from_pretrained(source), root / "exports" / name)
         out[name] = (source, root / "exports" / name)
@@ -61,6 +63,8 @@ def splade(tmp_path_factory):
 @pytest.mark.parametrize("name", ["max", "sum-log1p"])
 def test_a_sparse_encoder_exports_as_sparse_encoder_encodes(splade, name):
     source, export = splade[name]
+    first = json.loads((source / "modules.json").read_text())[0]["type"]
+    assert first.endswith("MLMTransformer" if name == "max" else ".Transformer")
     manifest = Manifest.load(export)
     assert (manifest.kind, manifest.dimension, manifest.outputs) == (SPARSE, 30522, ["sparse"])
     assert manifest.splade == {"pooling_strategy": "max" if name == "max" else "sum",

