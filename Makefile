@@ -18,7 +18,8 @@ FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test test-fast export venv wordnet lint eval train-export data bench bench-frontend bench-int8 wrk bench-index mpnet \
+.PHONY: serve test test-fast export venv wordnet lint eval train-export data bench bench-frontend bench-int8 bench-peers wrk \
+	bench-index mpnet \
 	venv-gpu gpu-check deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
@@ -138,6 +139,24 @@ BENCH_FRONTEND = $(PY) -m benchmarks.frontend --model-dir $(MODEL_DIR) --data-di
 	--out results/bench-frontend.json $(FRONTEND_ARGS)
 bench-frontend: venv $(MODEL_DIR)/manifest.json wrk
 	$(BENCH_FRONTEND)
+
+# Our service against Infinity (its ONNX engine, mean pooling set, and its torch engine) and sentence-transformers
+# behind FastAPI, serving the same model one at a time under the same load (single texts at concurrency 1 and 64,
+# batches of 32 short and long texts): each one's vectors checked first, then sentences/s, p50/p99, server CPU per
+# sentence, side by side over alternating rounds, PASS/FAIL against issue 39's targets; JSON in results/. Infinity's
+# pins clash with ours: its own venv, pinned by benchmarks/peers-requirements.txt. Quick run:
+# make bench-peers PEERS_ARGS='--rounds 1 --duration 2'
+PEERS_VENV := $(VENV)/peers
+PEERS_ARGS ?=
+$(PEERS_VENV)/.installed: benchmarks/peers-requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q -r benchmarks/peers-requirements.txt
+	touch $@
+
+bench-peers: venv $(MODEL_DIR)/manifest.json $(PEERS_VENV)/.installed
+	$(PY) -m benchmarks.peers --model-dir $(MODEL_DIR) --data-dir $(DATA) --peers-python $(PEERS_VENV)/bin/python \
+	  --out results/peers-$$(date -u +%Y-%m-%d).json $(PEERS_ARGS)
 
 # The load generator of bench-frontend, from Debian's package.
 wrk:
