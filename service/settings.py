@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     index_gpu: Literal["auto", "off"] = Field("auto", description="local: auto searches Flat and IVF collections "
                                               "on GPU 0 when FAISS has GPU support (the gpu extra) and sees a "
                                               "GPU (HNSW stays on the CPU); off: CPU only")
-    index_oversample: int = Field(10, ge=1, le=100, description="collections with quantization int8 or binary: "
+    index_oversample: int = Field(20, ge=1, le=100, description="collections with quantization int8 or binary: "
                                   "the compact structure's k × this best candidates are rescored with the float "
                                   "vectors (a search's `oversample` overrides it)")
     index_float_vectors: Literal["memory", "disk"] = Field("memory", description="local: where quantized "

@@ -66,7 +66,7 @@ QUANTIZATIONS = ("none", "int8", "binary")
 QUANT_TRAIN_ROWS = 1000  # int8: live vectors a collection holds when its ranges are trained (exact until then)
 QUANT_TRAIN_MAX = 65_536  # int8: at most this many of them (evenly spread over the slots) train the ranges
 QUANT_RANGE_MARGIN = 0.1  # int8: each dimension's trained [min, max] widened by this share of it on each side
-DEFAULT_OVERSAMPLE = 10  # quantized: candidates rescored per hit asked for (SEMBED_INDEX_OVERSAMPLE)
+DEFAULT_OVERSAMPLE = 20  # quantized: candidates rescored per hit asked for (SEMBED_INDEX_OVERSAMPLE)
 MAX_OVERSAMPLE = 100
 MAX_CANDIDATES = 20_000  # quantized: candidates taken from the structure per query at most (when k asks more)
 
