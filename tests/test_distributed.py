@@ -19,6 +19,9 @@ from torch.utils.data import DataLoader
 
 from core.data import PairExample, ScoredPair
 from training.config import make_config
+from training.distributed import replicate
+from training.gradcache import cached_step
+from training.loop import run_stages
 from training.objectives import METHODS, get_objective, make_settings
 from training.sampling import MixedLabelBatchSampler, make_batch_sampler
 
@@ -71,8 +74,7 @@ def _build(method: str, model_dir: Path):
     torch.manual_seed(0)
     encoder = SentenceEncoder.from_pretrained(model_dir, max_seq_length=32)
     obj = get_objective(method)(encoder, make_settings(method, KEYWORDS[method]))
-    if method == "infocse":
-        obj.prepare(TEXTS, torch.device("cpu"), steps=0)  # builds the frozen lower copy only
+    run_stages(obj, TEXTS, torch.device("cpu"))  # InfoCSE (stage1_steps=0): builds the frozen lower copy only
     return obj.double().train()
 
 
@@ -122,6 +124,14 @@ def _grad_worker(rank: int, init_file: str, model_dir: str, work: str) -> None:
             ddp(_shard(method, batch, rank, WORLD, len(TEXTS)))["loss"].backward()
             if rank == 0:
                 torch.save(_grads(obj), Path(work) / f"{method}-grads-ddp.pt")
+            if method in GRAD_CACHE_METHODS:  # GradCache's passes through the loop's DDP wrapper
+                obj = _build(method, Path(model_dir))
+                obj.load_state_dict(torch.load(Path(work) / f"{method}-state.pt"))
+                model = replicate(obj, torch.device("cpu"))
+                cached_step(obj, _shard(method, batch, rank, WORLD, len(TEXTS)), micro_batch=3, forward=model,
+                            no_sync=model.no_sync)
+                if rank == 0:
+                    torch.save(_grads(obj), Path(work) / f"{method}-grads-cached-ddp.pt")
         # CoSENT with the label-mixing sampler over an epoch whose batches need repairs (1 off-label item)
         obj = _build("cosent", Path(model_dir))
         examples = [ScoredPair(t, t.lower(), 1.0 if i == 0 else 0.0) for i, t in enumerate(TEXTS * 3)][:21]
@@ -168,10 +178,14 @@ def two_process_grads(nodrop_model_dir, tmp_path_factory):
         reference[method] = _grads(obj)
     _spawn(_grad_worker, (str(work / "init"), str(nodrop_model_dir), str(work)))
     grads = {m: (reference[m], torch.load(work / f"{m}-grads-ddp.pt")) for m in METHODS}
+    grads.update({f"{m}-cached": (reference[m], torch.load(work / f"{m}-grads-cached-ddp.pt"))
+                  for m in GRAD_CACHE_METHODS})
     return grads, [json.loads((work / f"mixed-{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("method", METHODS)
+# GradCache on 2 processes (its mini-batches of 3 from each rank's 4 examples; the objective's heads get
+# their gradient in the loss pass, which DDP averages though it holds the averaging back until the last pass)
+@pytest.mark.parametrize("method", [*METHODS, "simcse-cached", "cosent-cached"])
 def test_two_process_gradient_equals_the_global_batch_gradient(two_process_grads, method):
     reference, ddp = two_process_grads[0][method]
     assert reference, "no parameter got a gradient"
@@ -270,7 +284,6 @@ GRAD_CACHE_METHODS = ("simcse", "cosent")
 
 @pytest.mark.parametrize("method", GRAD_CACHE_METHODS)
 def test_grad_cache_equals_the_full_batch_gradient(method, nodrop_model_dir):
-    from training.gradcache import cached_step
 
     obj = _build(method, nodrop_model_dir)
     batch = obj.collate(_examples(method))
@@ -290,7 +303,7 @@ def test_grad_cache_equals_the_full_batch_gradient(method, nodrop_model_dir):
 def test_grad_cache_replays_the_dropout_masks(method, tiny_model_dir):
     """With dropout on, the re-embedding must see the masks of the cached pass: the gradient equals
     that of the same mini-batch forwards kept in one graph."""
-    from training.gradcache import _regroup, cached_step, take_rows
+    from training.gradcache import _regroup, take_rows
 
     obj = _build(method, tiny_model_dir)
     batch = obj.collate(_examples(method))

@@ -11,6 +11,7 @@ import torch
 from numpy_reference import np_info_nce
 
 from core.encoder import SentenceEncoder
+from training.loop import run_stages
 from training.objectives import get_objective
 from training.objectives.infocse import InfoCSE, InfoCSESettings
 
@@ -42,9 +43,9 @@ def np_masked_ce(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def stage2(encoder, **kw) -> InfoCSE:
-    """An objective past prepare() without stage-1 training (stage1 steps=0)."""
-    obj = InfoCSE(encoder, InfoCSESettings(**kw))
-    obj.prepare(TEXTS, CPU, steps=0)
+    """An objective past its stages without stage-1 training (stage1_steps=0)."""
+    obj = InfoCSE(encoder, InfoCSESettings(stage1_steps=0, **kw))
+    run_stages(obj, TEXTS, CPU)
     return obj
 
 
@@ -53,8 +54,9 @@ def test_registry_and_paper_defaults(tiny_encoder):
     assert InfoCSE.data_kind == "unlabeled"
     obj = InfoCSE(tiny_encoder)
     assert (obj.temperature, obj.aux_weight, obj.mask_rate) == (0.05, 1e-5, 0.4)
-    s1 = obj.stage1
-    assert (s1["mask_rate"], s1["lr"], s1["batch_size"], s1["epochs"], s1["mlm_weight"]) == (0.15, 1e-4, 1024, 8, 1.0)
+    s = obj.settings
+    assert (s.stage1_mask_rate, s.stage1_lr, s.stage1_batch_size, s.stage1_epochs, s.stage1_mlm_weight) == (
+        0.15, 1e-4, 1024, 8, 1.0)
     assert tiny_encoder.pooling == "cls"
     assert obj.tap_layer == 1  # 2 layers: the middle one (the paper's 6 of 12)
     assert len(obj.extra_layers.layers) == 2
@@ -206,7 +208,8 @@ def test_total_is_contrastive_plus_lambda_aux(tiny_encoder, weight):
 
 
 def test_stage1_lowers_the_pretraining_loss(tiny_encoder):
-    obj = InfoCSE(tiny_encoder)
+    obj = InfoCSE(tiny_encoder, InfoCSESettings(stage1_steps=6, stage1_batch_size=8, stage1_lr=3e-3,
+                                                stage1_warmup_ratio=0.0))
     torch.manual_seed(0)
     fixed = obj.collate_stage1(TEXTS)
     assert (fixed["labels"] != -100).sum() > 0
@@ -216,8 +219,13 @@ def test_stage1_lowers_the_pretraining_loss(tiny_encoder):
     assert before["loss"] == pytest.approx(before["loss_aux"] + before["loss_mlm"])  # Eq. 6, λ_mlm = 1
     layer0 = tiny_encoder.transformer.encoder.layer[0].attention.self.query.weight.detach().clone()
     extra = obj.extra_layers.layers[0].attention.self.query.weight.detach().clone()
-    obj.prepare(TEXTS * 2, CPU, steps=6, batch_size=8, lr=3e-3, warmup_ratio=0.0)
-    assert not obj.training  # prepare leaves the mode as it found it
+    stages = obj.stages(TEXTS * 2, CPU)
+    first = next(stages)
+    assert (first.name, first.steps, first.micro_batches) == ("infocse stage 1 (aux pre-training)", 6, 1)
+    stages.close()  # not trained: stage 2 is entered only after the loop has run stage 1 and asks for more
+    assert obj.aux_lower is None
+    run_stages(obj, TEXTS * 2, CPU)
+    assert not obj.training  # the loop leaves the mode as it found it
     with torch.no_grad():
         # the stage-1 loss as it was during stage 1: W tied to the encoder's embeddings again
         obj.mlm_head.decoder.weight = tiny_encoder.transformer.embeddings.word_embeddings.weight
@@ -229,16 +237,17 @@ def test_stage1_lowers_the_pretraining_loss(tiny_encoder):
     assert not torch.equal(new_layer0, layer0)
     assert not torch.equal(obj.extra_layers.layers[0].attention.self.query.weight, extra)
     torch.testing.assert_close(obj.aux_lower.encoder.layer[0].attention.self.query.weight, new_layer0)
-    obj.prepare(TEXTS, CPU, steps=6)  # a second call is a no-op
+    assert list(obj.stages(TEXTS, CPU)) == []  # stage 2 already: nothing to run again
     torch.testing.assert_close(tiny_encoder.transformer.encoder.layer[0].attention.self.query.weight, new_layer0)
 
 
 def test_stage1_can_leave_the_encoder_alone(tiny_encoder):
-    obj = InfoCSE(tiny_encoder, InfoCSESettings(stage1_train_encoder=False))
+    obj = InfoCSE(tiny_encoder, InfoCSESettings(stage1_train_encoder=False, stage1_steps=2, stage1_batch_size=8,
+                                                stage1_lr=3e-3, stage1_warmup_ratio=0.0))
     before = {k: v.detach().clone() for k, v in tiny_encoder.state_dict().items()}
     extra = obj.extra_layers.layers[0].attention.self.query.weight.detach().clone()
     transform = obj.mlm_head.transform.dense.weight.detach().clone()
-    obj.prepare(TEXTS * 2, CPU, steps=2, batch_size=8, lr=3e-3, warmup_ratio=0.0)
+    run_stages(obj, TEXTS * 2, CPU)
     for k, v in tiny_encoder.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(p.requires_grad for p in tiny_encoder.parameters())  # trainable again for stage 2
@@ -246,9 +255,9 @@ def test_stage1_can_leave_the_encoder_alone(tiny_encoder):
     assert not torch.equal(obj.mlm_head.transform.dense.weight, transform)
 
 
-def test_forward_needs_prepare(tiny_encoder):
+def test_forward_needs_the_stages_run(tiny_encoder):
     obj = InfoCSE(tiny_encoder)
-    with pytest.raises(RuntimeError, match="prepare"):
+    with pytest.raises(RuntimeError, match="stages"):
         obj(obj.collate(TEXTS))
 
 
@@ -301,7 +310,8 @@ def test_inference_encoder_is_the_encoder_alone(tiny_encoder):
 
 
 def test_keywords(tiny_encoder):
-    settings = InfoCSESettings(pooling="mean", max_length=8, projection="bn_mlp", extra_layers_init="top")
+    settings = InfoCSESettings(pooling="mean", max_length=8, projection="bn_mlp", extra_layers_init="top",
+                               stage1_steps=0)
     obj = InfoCSE(tiny_encoder, settings)
     assert tiny_encoder.pooling == "mean"
     batch = obj.collate(["word " * 50, "short one"])
@@ -310,7 +320,7 @@ def test_keywords(tiny_encoder):
     torch.testing.assert_close(
         obj.extra_layers.layers[1].output.dense.weight, tiny_encoder.transformer.encoder.layer[1].output.dense.weight
     )
-    obj.prepare(TEXTS, CPU, steps=0)
+    run_stages(obj, TEXTS, CPU)
     obj.train()
     out = obj(obj.collate(TEXTS))
     assert torch.isfinite(out["loss"])
@@ -347,7 +357,7 @@ def condenser_dir(tiny_model_dir, tmp_path):
 def test_condenser_checkpoint_becomes_the_auxiliary_network(condenser_dir):
     path, condenser = condenser_dir
     encoder = SentenceEncoder.from_pretrained(path, max_seq_length=32)
-    obj = InfoCSE(encoder)
+    obj = InfoCSE(encoder, InfoCSESettings(stage1_steps=0))
     assert obj.aux_source == str(path) and obj.mlm_head_source == str(path)
     for (name, p), (_, q) in zip(obj.extra_layers.layers.named_parameters(), condenser.c_head.named_parameters()):
         assert torch.equal(p, q), name
@@ -369,7 +379,7 @@ def test_condenser_checkpoint_becomes_the_auxiliary_network(condenser_dir):
         theirs = condenser.lm.cls(hiddens)
     keep = mlm["attention_mask"].bool()
     torch.testing.assert_close(ours[keep], theirs[keep], rtol=1e-4, atol=1e-4)
-    obj.prepare(TEXTS, CPU, steps=0)  # the official recipe: no further stage 1
+    run_stages(obj, TEXTS, CPU)  # the official recipe: no further stage 1
     torch.testing.assert_close(obj.extra_layers.layers[1].output.dense.weight, condenser.c_head[1].output.dense.weight)
 
 
@@ -432,8 +442,8 @@ def test_official_recipe_preset_resolves(tiny_encoder):
     assert PRESETS["paper"]["infocse"]["lr"] == 3e-5  # the paper's text stays the `paper` preset
 
     obj = InfoCSE(tiny_encoder, dataclasses.replace(cfg.objective, aux_from=None))  # no hub here: the tiny model
-    assert isinstance(obj.mlp[1], torch.nn.BatchNorm1d) and obj.stage1["steps"] == 0
-    obj.prepare(TEXTS, CPU)
+    assert isinstance(obj.mlp[1], torch.nn.BatchNorm1d) and obj.settings.stage1_steps == 0
+    run_stages(obj, TEXTS, CPU)
     obj.train()
     assert tiny_encoder.training and not obj.aux_lower.training  # --mlm_eval: no dropout in the frozen copy
     mlm = obj.collate(TEXTS)["mlm"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.config import make_config
-from training.resume import CHECKPOINT, load_checkpoint, save_checkpoint
+from training.resume import CHECKPOINT, Checkpoint, TrainState, load_checkpoint, save_checkpoint
 from training.trainer import train
 
 TEXT = "text:corpus/wordnet-sentences.txt"
@@ -22,6 +22,10 @@ SMALL = {
 }
 N, K = 7, 4
 quiet = dict(log=lambda *_: None)
+# checkpoint.pt's layout: one flat dict, as every version since exact resume has written it (so their checkpoints
+# resume); a change here must keep reading the old one or refuse it by name
+LAYOUT = {"objective", "optimizer", "scheduler", "scaler", "step", "epoch", "batches_in_epoch", "micro", "best_dev",
+          "best_step", "initial_dev", "base_items", "best_rule", "rng", "config"}
 
 
 def _config(method, tiny_model_dir, shared_data, tmp_path, **overrides):
@@ -57,8 +61,12 @@ def test_resume_continues_exactly(method, tiny_model_dir, shared_data, tmp_path)
     full = train(cfg, tmp_path / "full", **quiet)
     first = train(cfg, tmp_path / "split", stop_at=K, **quiet)
     state = load_checkpoint(tmp_path / "split" / CHECKPOINT)
+    assert set(state) == LAYOUT
     assert (state["step"], state["epoch"], state["batches_in_epoch"]) == (K, 1, 1)
     assert state["rng"][0]["torch"].device.type == "cpu" and state["config"] == cfg.to_json()
+    loaded = Checkpoint.load(tmp_path / "split" / CHECKPOINT)
+    assert loaded.state == TrainState(K, 1, 1, K, state["best_dev"], 0, state["initial_dev"], None,
+                                      "first evaluation: the base model")
     # a crash after the checkpoint leaves rows of steps the resumed run will redo
     with open(tmp_path / "split" / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": K + 1, "loss": 123.0}) + "\n")
@@ -79,7 +87,7 @@ def test_infocse_resume_does_not_redo_stage1(tiny_model_dir, shared_data, tmp_pa
     def no_stage1(*args, **kwargs):
         raise AssertionError("stage 1 ran again on resume")
 
-    monkeypatch.setattr(InfoCSE, "_pretrain_aux", no_stage1)
+    monkeypatch.setattr(InfoCSE, "_stage1", no_stage1)
     train(dataclasses.replace(cfg, resume=tmp_path / "split"), tmp_path / "split", **quiet)
     _assert_same_run(tmp_path / "full", tmp_path / "split")
 
@@ -179,3 +187,31 @@ def test_checkpoints_load_without_unpickling_objects(tmp_path):
     set_rng_state(load_checkpoint(tmp_path / CHECKPOINT)["rng"][0])  # load_checkpoint: weights_only=True
     got = (torch.rand(3), np.random.standard_normal(3), random.random())
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]) and got[2] == expected[2]
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    """Checkpoint <-> checkpoint.pt: the TrainState and module states as saved; a checkpoint from before
+    base_items / best_rule loads with their defaults; one without a config, or with keys this version does not
+    know (a newer one's), is refused by name."""
+    path = tmp_path / CHECKPOINT
+    modules = dict(objective={"w": torch.ones(2)}, optimizer={"state": {}}, scheduler={"last_epoch": 3},
+                   scaler={})
+    state = TrainState(step=3, epoch=1, batches_in_epoch=2, micro=3, best_dev=1.5, best_step=2, initial_dev=1.0,
+                       base_items=[1.0, 2.0], best_rule="margin")
+    Checkpoint(state, **modules, config={"method": "simcse"}, rng=[{"torch": torch.zeros(3, dtype=torch.uint8)}]
+               ).save(path)
+    assert set(load_checkpoint(path)) == LAYOUT
+    back = Checkpoint.load(path)
+    assert back.state == state and back.config == {"method": "simcse"} and back.scheduler == {"last_epoch": 3}
+    assert torch.equal(back.objective["w"], torch.ones(2)) and back.rng[0]["torch"].dtype == torch.uint8
+
+    older = {k: v for k, v in load_checkpoint(path).items() if k not in ("base_items", "best_rule")}
+    save_checkpoint(older, path)
+    assert Checkpoint.load(path).state == TrainState(3, 1, 2, 3, 1.5, 2, 1.0, None, "")
+
+    save_checkpoint({k: v for k, v in older.items() if k != "config"}, path)
+    with pytest.raises(ValueError, match="predates exact resume"):
+        Checkpoint.load(path)
+    save_checkpoint({**older, "ema": {}}, path)
+    with pytest.raises(ValueError, match=r"\['ema'\].*newer"):
+        Checkpoint.load(path)

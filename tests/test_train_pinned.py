@@ -29,6 +29,10 @@ RUNS = {
     "infocse": ("infocse", dict(train_data=TEXT, objective={"pooling": "mean", "stage1_steps": 3,
                                                              "stage1_batch_size": 8, "stage1_micro_batch_size": 4,
                                                              "stage1_warmup_ratio": 0.4})),
+    # stage 1 training the encoder too, in micro-batches of 3, 3 and 2, warm-up then linear decay over 5 steps
+    "infocse-encoder": ("infocse", dict(train_data=TEXT, objective={
+        "pooling": "mean", "stage1_steps": 5, "stage1_batch_size": 8, "stage1_micro_batch_size": 3,
+        "stage1_warmup_ratio": 0.5, "stage1_train_encoder": True})),
 }
 PINNED = {
     "simcse": [1.2634049654006958, 0.7914481163024902, 0.47753965854644775, 0.27407562732696533, 0.1140129417181015],
@@ -38,6 +42,9 @@ PINNED = {
         3.426211357116699, 3.5079784393310547, 3.3268580436706543, 3.290430784225464, 3.249640464782715,
     ],
     "clsr": [2.5264129638671875, 2.3401434421539307, 2.4788336753845215, 2.3917763233184814, 2.2323055267333984],
+    "infocse-encoder": [
+        1.3203226327896118, 0.6474598050117493, 0.535016655921936, 0.3250158131122589, 0.12492632865905762,
+    ],
     "infocse": [1.2487086057662964, 0.715981125831604, 0.4992353022098541, 0.2890430986881256, 0.12307799607515335],
 }
 

@@ -1,4 +1,5 @@
-"""In-batch negatives across GPUs: gather embeddings from every rank with their gradient paths.
+"""Training on several processes: the process group, DDP around the objective, and in-batch
+negatives gathered from every rank with their gradient paths.
 
 The contract every objective keeps under DDP: rank r's loss is its share of the global batch's
 loss (mean over its own queries, candidates from all ranks), so that DDP's gradient average gives
@@ -7,9 +8,14 @@ exactly the gradient of one process on the global batch (tests/test_distributed.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
+from torch import nn
 
 
 def is_distributed() -> bool:
@@ -18,6 +24,44 @@ def is_distributed() -> bool:
 
 def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def set_up() -> tuple[int, int, torch.device]:
+    """(rank, world size, device): joins torchrun's process group (WORLD_SIZE > 1) unless one exists already."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank(), world_size(), torch.device("cuda", local)
+    return rank(), world_size(), torch.device("cpu")
+
+
+class Calls(nn.Module):
+    """Runs a function of `module` as this module's forward. DDP averages the gradients of what its forward
+    computed; through this one wrapper, every pass a step makes (a stage's loss, GradCache's loss on cached
+    embeddings and its embedding passes) is such a forward."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+def replicate(module: nn.Module, device: torch.device) -> nn.Module:
+    """Calls(module), under DistributedDataParallel when several processes train (which starts every rank
+    from rank 0's parameters and buffers). Built per stage: DDP covers the parameters trainable when built."""
+    calls = Calls(module)
+    if not is_distributed():
+        return calls
+    return nn.parallel.DistributedDataParallel(calls, device_ids=[device.index] if device.type == "cuda" else None,
+                                               find_unused_parameters=True)
 
 
 def _check_equal_rows(t: torch.Tensor) -> None:

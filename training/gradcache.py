@@ -81,16 +81,26 @@ def supports(objective) -> bool:
     return getattr(objective, "row_groups", None) is not None
 
 
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 def cached_step(
     objective,
     batch: dict[str, Any],
     micro_batch: int,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    forward: Callable[..., Any] = _call,
+    no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    sync: bool = True,
 ) -> dict[str, torch.Tensor]:
     """One training step's forward and backward with GradCache; returns the objective's outputs.
 
     `backward(loss)` runs the loss's backward (the loop passes its GradScaler's scaled backward);
-    the embedding gradients it caches are already scaled, so the encoder's are too.
+    the embedding gradients it caches are already scaled, so the encoder's are too. `forward(fn, *args)`
+    runs each pass that builds a graph (the loop's training.distributed.Calls, under DDP on several
+    processes) and `no_sync()` keeps DDP from averaging after it: every pass runs under it but the
+    last, and that one too unless `sync` (a micro-batch of a step that accumulates more).
     """
     if not supports(objective):
         raise ValueError(f"{type(objective).__name__} does not support GradCache (no row_groups/embed)")
@@ -104,10 +114,12 @@ def cached_step(
             states.append(_rng_state(device))
             parts.append(objective.embed(take_rows(batch, objective.row_groups, start, stop)))
     emb = _regroup(parts, groups).detach().requires_grad_()
-    out = objective.loss_from_embedded(emb, batch)
+    with no_sync():
+        out = forward(objective.loss_from_embedded, emb, batch)
     backward(out["loss"])
     grads = _ungroup(emb.grad, [stop - start for start, stop in bounds], groups)
-    for (start, stop), state, grad in zip(bounds, states, grads):
-        with _replay(state, device):
-            objective.embed(take_rows(batch, objective.row_groups, start, stop)).backward(grad)
+    for i, ((start, stop), state, grad) in enumerate(zip(bounds, states, grads)):
+        last = sync and i == len(bounds) - 1
+        with contextlib.nullcontext() if last else no_sync(), _replay(state, device):
+            forward(objective.embed, take_rows(batch, objective.row_groups, start, stop)).backward(grad)
     return out

@@ -1,4 +1,4 @@
-"""Optimisers for every objective: AdamW, SGD and LARS over two parameter groups.
+"""Optimisers for every objective (AdamW, SGD and LARS over two parameter groups) and the LR schedules.
 
 Biases and normalisation weights (LayerNorm, BatchNorm, RMSNorm…) get no weight decay (BERT's and
 SimCLR's practice: they are offsets and scales, and shrinking them toward 0 only hurts) and, under
@@ -16,12 +16,14 @@ with η = 0.001 and μ = 0.9 (SimCLR's defaults).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 OPTIMIZERS = ("adamw", "sgd", "lars")
+SCHEDULES = ("linear", "cosine", "constant")
 #: SGD's and LARS's momentum (SimCLR's, and the value CLSR's SGD runs used)
 MOMENTUM = 0.9
 #: LARS's trust coefficient η (SimCLR's `eeta`)
@@ -118,3 +120,24 @@ def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float 
 
 def _plain(groups: list[dict]) -> list[dict]:
     return [{k: v for k, v in g.items() if k != "lars_adapt"} for g in groups]
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup: int,
+                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """`schedule` ("linear" | "cosine" | "constant") over `total` steps after a linear warm-up of `warmup` steps
+    that reaches the full rate on step `warmup` (step 0 already trains at 1 / warmup of it, where transformers'
+    get_linear_schedule_with_warmup starts at 0)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

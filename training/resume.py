@@ -1,17 +1,21 @@
-"""What an exact resume needs beside the weights: every RNG, the run's config, atomic writes.
+"""What an exact resume needs: the run's state, every RNG, the run's config, atomic writes.
 
-A checkpoint (`checkpoint.pt`, written by the trainer) holds the objective, optimiser, scheduler and
-GradScaler states, the step, the DataLoader position (epoch + batches consumed in it), the config
-and the RNG states of every rank. It is loaded onto the CPU whatever the training device:
-`torch.set_rng_state` takes only a CPU ByteTensor, and the states load into modules on any device.
+A checkpoint (`checkpoint.pt`, written by the trainer) is a `Checkpoint`: the run's `TrainState` (step,
+DataLoader position, what selection has kept), the objective, optimiser, scheduler and GradScaler
+states, the config and the RNG states of every rank. On disk it is one flat dict of plain values and
+tensors (loaded with weights_only=True, so loading runs no code), in the layout every earlier run wrote.
+It is loaded onto the CPU whatever the training device: `torch.set_rng_state` takes only a CPU
+ByteTensor, and the states load into modules on any device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,57 @@ import torch.distributed as dist
 CHECKPOINT = "checkpoint.pt"
 # Fields that say how to run this session, not what is trained: they may differ on resume.
 SESSION_FIELDS = frozenset({"resume", "allow_config_change"})
+
+
+@dataclass
+class TrainState:
+    """Where a run stands: what changes as it trains, beside the modules' own states. A resume restores it."""
+
+    step: int = 0  # optimiser steps taken
+    epoch: int = 0
+    batches_in_epoch: int = 0  # batches of `epoch` consumed (the DataLoader position)
+    micro: int = 0  # micro-batches in all (gradient accumulation counts them)
+    # what selection (training.selection.Selector) has kept as best/, and the base later evaluations must beat
+    best_dev: float = -math.inf
+    best_step: int = 0
+    initial_dev: float = math.nan
+    base_items: list[float] | None = None  # the base's per-item dev scores, for the paired bootstrap
+    best_rule: str = ""
+
+
+#: the module states a checkpoint holds beside the TrainState's fields
+_MODULE_STATES = ("objective", "optimizer", "scheduler", "scaler")
+
+
+@dataclass
+class Checkpoint:
+    """checkpoint.pt: the TrainState, the module states, the config and every rank's RNG states."""
+
+    state: TrainState
+    objective: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    config: dict[str, Any]  # TrainConfig.to_json() of the run
+    rng: list[dict[str, Any]] = field(default_factory=list)  # indexed by rank
+
+    def save(self, path: Path) -> None:
+        modules = {k: getattr(self, k) for k in _MODULE_STATES}
+        save_checkpoint({**modules, **dataclasses.asdict(self.state), "rng": self.rng, "config": self.config}, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        values = load_checkpoint(path)
+        if "config" not in values:
+            raise ValueError(f"{path} predates exact resume (no config, RNG or data position)")
+        state_fields = {f.name for f in dataclasses.fields(TrainState)}
+        unknown = sorted(set(values) - state_fields - {*_MODULE_STATES, "rng", "config"})
+        if unknown:
+            raise ValueError(f"{path} holds {unknown}, which this version does not know: it was written by a "
+                             "newer one; resume it with that version")
+        # base_items and best_rule came later than the rest: an older checkpoint resumes without them
+        state = TrainState(**{k: values[k] for k in state_fields if k in values})
+        return cls(state, *(values[k] for k in _MODULE_STATES), config=values["config"], rng=values["rng"])
 
 
 def atomic_write(path: Path, write) -> None:

@@ -14,6 +14,9 @@ where the evaluator gives a score per dev item (retrieval: each query's nDCG@10)
 over those items whose one-sided `select_confidence` lower bound of the gain is above 0; else (STS
 Spearman, last) any higher score. The log and metrics.jsonl say which rule decided and why.
 
+`Selector` applies them over a run: the trainer hands it the model at step 0 (and the base model as
+saved, which it also scores when step 0 computes other vectors) and at each evaluation step.
+
 The trainer sees only the `Evaluator` protocol (a name, and `evaluator(encoder) -> float`, higher is
 better), as sentence-transformers' trainer takes a SentenceEvaluator. The measurements come from the
 shared layer below training and evaluation (core.sts: STS Spearman; core.beir + core.ranking: BEIR
@@ -28,9 +31,10 @@ from __future__ import annotations
 import csv
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +43,7 @@ from core.data import GET_DATA, DataNotFound
 from core.encoder import SentenceEncoder
 from core.ranking import evaluate_run, per_query, search_in_process
 from core.sts import StsTask, score_task, score_task_pairs, stsb_dev_pair_spearman, stsb_dev_spearman
+from training.resume import TrainState
 
 EVAL_BATCH_SIZE = 128  # inference only: larger batches than training, still small on a CPU
 RETRIEVAL_DEPTH = 10  # nDCG@10 needs the top 10 only
@@ -155,6 +160,69 @@ class KeepRule:
         keep = low > 0
         return Decision(keep, f"paired bootstrap over {len(items)} dev items: gain over base {gain:+.2f}, "
                               f"{self.confidence:.0%} lower bound {low:+.2f} {'>' if keep else '≤'} 0")
+
+
+#: sentences whose vectors tell whether a run's step 0 is the base model as saved
+_PROBES = ["A man is playing a guitar.", "The committee approved the budget for next year.", "Hi"]
+
+
+class Selector:
+    """Keeps best/ over a run: scores each evaluation with `evaluator`, lets `rule` decide whether it replaces
+    best/, and keeps the outcome in the run's TrainState (so a resume carries on with it), `record` (a
+    metrics.jsonl row) and `log`."""
+
+    def __init__(self, evaluator: Evaluator, rule: KeepRule, best_dir: Path, state: TrainState,
+                 record: Callable[[dict[str, Any]], None], log: Callable[[str], None]):
+        self.evaluator, self.rule, self.best_dir, self.state = evaluator, rule, best_dir, state
+        self.record, self.log = record, log
+
+    @property
+    def name(self) -> str:
+        return self.evaluator.name
+
+    def evaluate(self, model: SentenceEncoder, step: int) -> float:
+        state = self.state
+        dev = float(self.evaluator(model))
+        items = getattr(self.evaluator, "item_scores", None)
+        first = not math.isfinite(state.best_dev)
+        decision = self.rule.decide(dev, state.best_dev, None if first else state.initial_dev, items,
+                                    state.base_items)
+        if first:
+            state.base_items = None if items is None else list(items)
+        self.record({"step": step, "dev": dev, "select": self.name, "kept": decision.keep, "rule": decision.rule})
+        self.log(f"[select] step {step}: {self.name} {dev:.2f} {'kept' if decision.keep else 'not kept'}"
+                 f" ({decision.rule})")
+        if decision.keep:
+            state.best_dev, state.best_step, state.best_rule = dev, step, decision.rule
+            model.save_pretrained(self.best_dir)
+        return dev
+
+    def start(self, step0: SentenceEncoder, base: SentenceEncoder | None, base_name: str) -> None:
+        """Step 0: the run's model before training becomes best/ and the base. `base` (the base model as saved,
+        on the CPU) is scored too when step 0 computes other vectors: a pooling override (all-MiniLM-L6-v2 with
+        CLS pooling instead of its mean) or a head that starts untrained (CLSR's random e). When it scores
+        higher it is best/ and the base every later evaluation must beat beyond noise. A pair scorer's step 0
+        has no such base."""
+        state = self.state
+        state.initial_dev = self.evaluate(step0, 0)
+        self.log(f"[train] step 0 {self.name} {state.initial_dev:.2f}")
+        if base is None or not isinstance(step0, SentenceEncoder):
+            return
+        ours, theirs = step0.encode(_PROBES), base.encode(_PROBES)
+        if ours.shape == theirs.shape and np.allclose(ours, theirs, atol=1e-5):
+            return
+        saved_dev = float(self.evaluator(base.to(step0.device)))
+        better = saved_dev > state.initial_dev
+        self.record({"step": 0, "dev_saved_base": saved_dev, "kept": better})
+        self.log(f"[select] step 0 is not the base model as saved ({base_name}, {base.pooling} pooling), which "
+                 f"scores {saved_dev:.2f}: " + ("kept as best/, and the base every later checkpoint must beat "
+                                                "beyond noise" if better else "step 0 stays the base"))
+        if better:
+            state.initial_dev = state.best_dev = saved_dev
+            items = getattr(self.evaluator, "item_scores", None)
+            state.base_items = None if items is None else list(items)
+            state.best_rule = "the base model as saved: the run's step 0 scored lower"
+            base.save_pretrained(self.best_dir)
 
 
 def paired_bootstrap_lower(items: list[float], base_items: list[float], confidence: float = BOOTSTRAP_CONFIDENCE,

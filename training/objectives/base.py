@@ -1,9 +1,11 @@
 """The contract between the training loop and an objective.
 
 The loop only ever does: `batch = objective.collate(examples)`, `out = objective(batch)`,
-`out["loss"].backward()`, and at the end exports `objective.inference_encoder()`. Everything
-particular to a paper (heads, augmentation, auxiliary networks, caches) lives in its objective, and
-its hyper-parameters in a settings dataclass beside it (the paper's defaults), which TrainConfig holds.
+`out["loss"].backward()`, and at the end exports `objective.inference_encoder()`. An objective that
+trains in phases (InfoCSE's stage 1) declares the ones before that as `Stage`s from `stages()`, and
+the same loop runs each. Everything particular to a paper (heads, augmentation, auxiliary networks,
+caches) lives in its objective, and its hyper-parameters in a settings dataclass beside it (the
+paper's defaults), which TrainConfig holds.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -63,6 +65,28 @@ def _has_type(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+@dataclasses.dataclass
+class Stage:
+    """One phase of training as the loop (training/loop.py) runs it: micro-batches from `batches`, `micro_batches`
+    of them to an optimiser step, for `steps` steps. The run's own stage is the objective's forward under
+    TrainConfig's settings; an objective declares the phases before it (Objective.stages) with their own."""
+
+    name: str
+    batches: Iterable[dict[str, Any]]  # collated micro-batches (CPU tensors), at least steps × micro_batches
+    steps: int
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    #: a micro-batch's loss under "loss" (the loop averages a step's micro-batches), plus anything worth logging;
+    #: None: the objective's forward
+    loss: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = None
+    micro_batches: int = 1
+    max_grad_norm: float | None = None  # clips the norm of `params`' gradients
+    params: list[nn.Parameter] = dataclasses.field(default_factory=list)
+    autocast: torch.dtype | None = None  # mixed precision's dtype; None: full precision
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None: none
+    grad_cache: int | None = None  # GradCache's mini-batch (training/gradcache.py); None: off
+
+
 class Objective(nn.Module):
     name: ClassVar[str]
     #: the dataclass of its hyper-parameters (the paper's defaults), beside the objective in its module
@@ -84,10 +108,15 @@ class Objective(nn.Module):
         self.settings = settings
 
     def prepare(self, examples: list, device: torch.device) -> None:
-        """Once before training, with every training example (CLSR caches frozen embeddings here).
+        """Once before training (and before stages()), with every training example (CLSR caches frozen
+        embeddings here). On resume it runs after load_checkpoint_state_dict()."""
 
-        On resume it runs after load_checkpoint_state_dict(): what that state holds
-        (InfoCSE's stage-1 result) need not be computed again."""
+    def stages(self, examples: list, device: torch.device) -> Iterator[Stage]:
+        """The phases this objective trains before the run's own, each run by the loop before the next is asked
+        for (so code after a `yield` sees the stage trained). After prepare(), and after
+        load_checkpoint_state_dict() on resume, so that a stage the state already holds is not run again.
+        Default: none."""
+        return iter(())
 
     def collate(self, examples: list) -> dict[str, Any]:
         """Raw examples of `data_kind` → a batch of CPU tensors (runs in DataLoader workers)."""

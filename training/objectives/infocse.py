@@ -6,8 +6,9 @@ Notation (§2): H = last-layer states, h = the [CLS] vector of H (12-cls), M>0 =
 (6th of 12) states without [CLS] (6-hiddens). The auxiliary network = the encoder's embeddings and
 lower `tap_layer` layers + `num_extra_layers` (2) extra transformer layers fed C = [h ; M>0].
 
-Stage 1, `prepare()` (§3.1): the auxiliary network *shares* the lower layers with the encoder;
-one masked input x̂ feeds both MLM losses, which share the output head (W and its transform):
+Stage 1, `stages()` (§3.1, a Stage the training loop runs before its own): the auxiliary network
+*shares* the lower layers with the encoder; one masked input x̂ feeds both MLM losses, which share
+the output head (W and its transform):
     L_mlm = CE(head(H(x̂)), x)                                   Eq. 4 (BERT's MLM on the top layer)
     L_aux = CE(head(Extra([h(x̂) ; M>0(x̂)])), x)                 Eq. 5
     L_pretrain = L_aux + λ_mlm·L_mlm                             Eq. 6 (λ_mlm = 1.0, §4.2)
@@ -67,28 +68,29 @@ Choices where the paper is silent (each an InfoCSESettings field):
 - Official stage-2 recipe (infocse-bert-base.sh; the paper's §4.2 text says lr 3e-5, one epoch):
   start from Luyu/condenser, lr 7e-6, 2 epochs, batch 64, fp16, bn_mlp, --mlm_eval, λ 1e-5, mask
   rate 0.4, evaluation every 125 steps: training/config.py's preset "paper-official".
-The training loop knows nothing of stages. A stage-2 state_dict holds the frozen lower copy
-(`aux_lower.*`): loading one builds stage 2's structure, so the prepare() that follows a resume
-finds stage 1 done and skips it.
+Stage 1 goes through the same loop as stage 2 (training/loop.py), with its own batches (a stream of
+global batches of stage1_batch_size, seeded by stage1_seed, each rank taking its slice), optimiser and
+schedule (above), and stage1_micro_batch_size's micro-batches. A stage-2 state_dict holds the frozen
+lower copy (`aux_lower.*`): loading one builds stage 2's structure, so the stages() that follow a
+resume find stage 1 done and declare none.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import DataCollatorForLanguageModeling
 
 from core.encoder import SentenceEncoder, model_inputs
 from core.pooling import pool
-from training.distributed import global_share, is_distributed
-from training.objectives.base import Objective, ObjectiveSettings
+from training.distributed import global_share, rank, world_size
+from training.objectives.base import Objective, ObjectiveSettings, Stage
 from training.objectives.infocse_aux import (
     CONDENSER_FILE,
     ExtraLayers,
@@ -98,6 +100,7 @@ from training.objectives.infocse_aux import (
     frozen_lower_copy,
 )
 from training.objectives.losses import info_nce
+from training.optim import build_scheduler
 
 
 class ProjectionMLP(nn.Sequential):
@@ -146,7 +149,7 @@ class InfoCSESettings(ObjectiveSettings):
 
 
 class InfoCSE(Objective):
-    """Stage 1 in prepare() (L_aux + λ_mlm·L_mlm), stage 2 in forward() (L_cl + λ·L_aux).
+    """Stage 1 from stages() (L_aux + λ_mlm·L_mlm), stage 2 in forward() (L_cl + λ·L_aux).
 
     forward's batch (from collate): "features" = [x; x] tokenised (2B rows), "mlm" = x̂ (B rows:
     input_ids masked, attention_mask, token_type_ids, labels). Returns loss, loss_cl, loss_aux,
@@ -156,6 +159,7 @@ class InfoCSE(Objective):
     name: ClassVar[str] = "infocse"
     data_kind: ClassVar[str] = "unlabeled"
     settings_type: ClassVar[type[ObjectiveSettings]] = InfoCSESettings
+    settings: InfoCSESettings
 
     def __init__(self, encoder: SentenceEncoder, settings: InfoCSESettings | None = None):
         settings = settings or InfoCSESettings()
@@ -177,21 +181,6 @@ class InfoCSE(Objective):
         self.aux_weight = settings.aux_weight
         self.mask_rate = settings.mask_rate
         self.max_length = min(settings.max_length or encoder.max_seq_length, encoder.max_seq_length)
-        self.stage1 = {
-            "steps": settings.stage1_steps,
-            "epochs": settings.stage1_epochs,
-            "batch_size": settings.stage1_batch_size,
-            "micro_batch_size": settings.stage1_micro_batch_size,
-            "lr": settings.stage1_lr,
-            "weight_decay": settings.stage1_weight_decay,
-            "warmup_ratio": settings.stage1_warmup_ratio,
-            "max_grad_norm": settings.stage1_max_grad_norm,
-            "mask_rate": settings.stage1_mask_rate,
-            "mlm_weight": settings.stage1_mlm_weight,
-            "seed": settings.stage1_seed,
-            "amp": settings.stage1_amp,
-            "train_encoder": settings.stage1_train_encoder,
-        }
 
         d = encoder.dim
         self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if settings.projection == "mlp" else ProjectionMLP(d)
@@ -284,12 +273,13 @@ class InfoCSE(Objective):
         top, h, tapped = self.stage1_inputs(mlm)
         loss_mlm = self.mlm_head.loss(top, mlm["labels"])
         loss_aux = self.aux_loss(h, tapped, mlm["attention_mask"], mlm["labels"])
-        return {"loss": loss_aux + self.stage1["mlm_weight"] * loss_mlm, "loss_aux": loss_aux, "loss_mlm": loss_mlm}
+        return {"loss": loss_aux + self.settings.stage1_mlm_weight * loss_mlm, "loss_aux": loss_aux,
+                "loss_mlm": loss_mlm}
 
     def tapped_states(self, mlm: dict[str, torch.Tensor]) -> torch.Tensor:
         """Stage 2's Detach(M): the frozen lower copy's last states on x̂, computed without a graph."""
         if self.aux_lower is None:
-            raise RuntimeError("InfoCSE.prepare() has not run: the auxiliary lower layers do not exist yet")
+            raise RuntimeError("InfoCSE's stages() have not run: the auxiliary lower layers do not exist yet")
         inputs = {k: v for k, v in mlm.items() if k != "labels"}
         with torch.no_grad():
             return self.aux_lower(**inputs, return_dict=True).last_hidden_state.detach()
@@ -325,14 +315,22 @@ class InfoCSE(Objective):
     # ---------------------------------------------------------------------------------------------
     # Stage 1: pre-training the auxiliary network, then the split for stage 2
 
-    def prepare(self, examples: list[str], device: torch.device, **overrides) -> None:
-        """Run stage 1 on `examples` (keyword overrides of the stage1_* settings, without the prefix,
-        are for tests), then give the auxiliary network its frozen lower copy and its own W."""
+    def stages(self, examples: list[str], device: torch.device) -> Iterator[Stage]:
+        """Stage 1 on `examples` (none with stage1_steps=0), then the split for stage 2: the auxiliary
+        network's frozen lower copy and its own W. None at all once in stage 2 (a resumed stage-2 state)."""
         if self.aux_lower is not None:
-            return  # stage 2 is already set up (a resumed stage-2 state, or prepare called twice)
-        cfg = {**self.stage1, **overrides}
-        device = torch.device(device)
-        self._pretrain_aux(list(examples), device, cfg)
+            return
+        frozen = [] if self.settings.stage1_train_encoder else [p for p in self.encoder.parameters()
+                                                                 if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        try:
+            stage = self._stage1(list(examples), torch.device(device))
+            if stage is not None:
+                yield stage
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
         self._enter_stage2()
 
     def _enter_stage2(self) -> None:
@@ -353,27 +351,18 @@ class InfoCSE(Objective):
             self.aux_lower.eval()  # the official --mlm_eval
         return self
 
-    def _pretrain_aux(self, examples: list[str], device: torch.device, cfg: dict) -> None:
-        world = dist.get_world_size() if is_distributed() else 1
-        rank = dist.get_rank() if is_distributed() else 0
-        global_batch = max(world, min(cfg["batch_size"], len(examples)))
+    def _stage1(self, examples: list[str], device: torch.device) -> Stage | None:
+        s = self.settings
+        world = world_size()
+        global_batch = max(world, min(s.stage1_batch_size, len(examples)))
         local_batch = global_batch // world
-        steps = cfg["steps"]
+        steps = s.stage1_steps
         if steps is None:
-            steps = math.ceil(cfg["epochs"] * math.ceil(len(examples) / global_batch))
+            steps = math.ceil(s.stage1_epochs * math.ceil(len(examples) / global_batch))
         if steps <= 0 or not examples:
-            return
-        micro = cfg["micro_batch_size"] or local_batch
-        frozen = [] if cfg["train_encoder"] else [p for p in self.encoder.parameters() if p.requires_grad]
-        for p in frozen:
-            p.requires_grad_(False)
-        try:
-            self._stage1_loop(examples, device, cfg, steps, global_batch, local_batch, micro, world, rank)
-        finally:
-            for p in frozen:
-                p.requires_grad_(True)
-
-    def _stage1_loop(self, examples, device, cfg, steps, global_batch, local_batch, micro, world, rank) -> None:
+            return None
+        micro = s.stage1_micro_batch_size or local_batch
+        chunks = math.ceil(local_batch / micro)
         # the encoder, the extra layers and the head (W is the embedding matrix: counted once); not the MLP
         params = list(
             {
@@ -383,46 +372,31 @@ class InfoCSE(Objective):
                 if p.requires_grad
             }.values()
         )
-        if world > 1:  # fresh heads were initialised under per-rank seeds: start every rank from rank 0's
-            for t in list(self.parameters()) + list(self.buffers()):
-                dist.broadcast(t.data, 0)
-        opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-        warmup = int(cfg["warmup_ratio"] * steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup))
-        )
-        use_bf16 = cfg["amp"] and device.type == "cuda" and torch.cuda.is_bf16_supported()
-        order = _index_stream(len(examples), torch.Generator().manual_seed(cfg["seed"]))
-        was_training = self.training
-        self.train()
-        bar = tqdm(total=steps, desc="infocse stage 1 (aux pre-training)", disable=rank != 0, dynamic_ncols=True)
-        for _ in range(steps):
-            idx = [next(order) for _ in range(global_batch)][rank * local_batch : (rank + 1) * local_batch]
+        optimizer = torch.optim.AdamW(params, lr=s.stage1_lr, weight_decay=s.stage1_weight_decay)
+
+        def loss(mlm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            out = self.stage1_losses(mlm)
+            # the loop averages a step's micro-batches: a short last one counts by its rows
+            return {**out, "loss": out["loss"] * (len(mlm["labels"]) * chunks / local_batch)}
+
+        bf16 = s.stage1_amp and device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return Stage(
+            "infocse stage 1 (aux pre-training)", self._stage1_batches(examples, global_batch, local_batch, micro),
+            steps, optimizer, build_scheduler(optimizer, "linear", int(s.stage1_warmup_ratio * steps), steps),
+            loss=loss, micro_batches=chunks, max_grad_norm=s.stage1_max_grad_norm, params=params,
+            autocast=torch.bfloat16 if bf16 else None)
+
+    def _stage1_batches(self, examples: list[str], global_batch: int, local_batch: int,
+                        micro: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless: each step's global batch from the index stream (the same on every rank), this rank's slice
+        of it in micro-batches of `micro`, masked."""
+        order = _index_stream(len(examples), torch.Generator().manual_seed(self.settings.stage1_seed))
+        this = rank()
+        while True:
+            idx = [next(order) for _ in range(global_batch)][this * local_batch : (this + 1) * local_batch]
             texts = [examples[i] for i in idx]
-            opt.zero_grad(set_to_none=True)
-            logs = {"loss_aux": 0.0, "loss_mlm": 0.0}
             for start in range(0, len(texts), micro):
-                chunk = texts[start : start + micro]
-                mlm = {k: v.to(device) for k, v in self.collate_stage1(chunk).items()}
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    out = self.stage1_losses(mlm)
-                (out["loss"] * len(chunk) / len(texts)).backward()
-                for k in logs:
-                    logs[k] += float(out[k].detach()) * len(chunk) / len(texts)
-            if world > 1:
-                for p in params:
-                    if p.grad is not None:  # the same graph on every rank, so the same grads exist
-                        dist.all_reduce(p.grad)
-                        p.grad /= world
-            if cfg["max_grad_norm"]:
-                torch.nn.utils.clip_grad_norm_(params, cfg["max_grad_norm"])
-            opt.step()
-            sched.step()
-            bar.update(1)
-            bar.set_postfix(aux=f"{logs['loss_aux']:.3f}", mlm=f"{logs['loss_mlm']:.3f}")
-        bar.close()
-        opt.zero_grad(set_to_none=True)
-        self.train(was_training)
+                yield self.collate_stage1(texts[start : start + micro])
 
 
 def _index_stream(n: int, generator: torch.Generator):
