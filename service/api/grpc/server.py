@@ -147,8 +147,6 @@ class TeiService:
         refused = self.keys.check(f"/{PACKAGE}.{method}", authorization.encode() if authorization else None)
         if refused is not None:
             raise refused
-        if not self.registry.ready:
-            raise ApiError(503, "model not loaded", "Unhealthy")
         return self.registry.get(name)
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
@@ -267,6 +265,8 @@ class TeiService:
 
     # --- the services -----------------------------------------------------------------------------------------
     async def info(self, served: ServedModel, _: pb.InfoRequest) -> pb.InfoResponse:
+        if not self.registry.ready:  # as GET /info answers (the other calls meet their engine's own answer)
+            raise ApiError(503, "model not loaded", "Unhealthy")
         fields = tei_info(self.registry, served, self.settings)
         model_type = _MODEL_TYPES[next(iter(fields["model_type"]))]
         return pb.InfoResponse(version=self.version, model_id=fields["model_id"], model_sha=fields["model_sha"],
