@@ -237,6 +237,21 @@ def _train_worker(rank: int, init_file: str, model_dir: str, data_dir: str, out:
     from training.trainer import train
 
     try:
+        # InfoCSE's stage 1 through the loop on 2 processes, each masking its own slice (per-rank seeds), in
+        # micro-batches of 2: DDP must average every step's gradient, so both ranks end with the same weights
+        from core.encoder import SentenceEncoder
+
+        torch.manual_seed(rank)
+        encoder = SentenceEncoder.from_pretrained(model_dir, max_seq_length=32)
+        obj = get_objective("infocse")(encoder, make_settings("infocse", {
+            "stage1_steps": 2, "stage1_batch_size": 8, "stage1_micro_batch_size": 2, "stage1_lr": 1e-2}))
+        start = encoder.transformer.encoder.layer[0].attention.self.query.weight.detach().clone()
+        run_stages(obj, TEXTS, torch.device("cpu"))
+        weights = {"query": encoder.transformer.encoder.layer[0].attention.self.query.weight,
+                   "extra": obj.extra_layers.layers[0].output.dense.weight}
+        (Path(out) / f"stage1-{rank}.json").write_text(json.dumps({
+            "moved": float((weights["query"] - start).abs().max()),
+            **{k: w.detach().flatten()[:64].tolist() for k, w in weights.items()}}))
         for name, objective, cache in (("plain", {}, None), ("mixed", {"batch_sampler": "mixed_labels"}, None),
                                        ("cached", {}, 3)):
             # 50 pairs in batches of 8: the label-mixing sampler's last global batch is short
@@ -252,6 +267,8 @@ def _train_worker(rank: int, init_file: str, model_dir: str, data_dir: str, out:
 @pytest.mark.slow  # three short trainer runs (with STS-B dev evaluations) on 2 processes: minutes on a busy CPU
 def test_cosent_trains_on_two_processes(tiny_model_dir, shared_data, tmp_path):
     _spawn(_train_worker, (str(tmp_path / "init"), str(tiny_model_dir), str(shared_data), str(tmp_path)))
+    stage1 = [json.loads((tmp_path / f"stage1-{r}.json").read_text()) for r in range(WORLD)]
+    assert stage1[0]["moved"] > 1e-4 and stage1[0] == stage1[1]
     for name in ("plain", "mixed", "cached"):
         assert [json.loads((tmp_path / f"{name}-{r}.json").read_text())["steps"] for r in range(WORLD)] == [5, 5]
         rows = [json.loads(line) for line in (tmp_path / f"{name}-run" / "metrics.jsonl").read_text().splitlines()]
