@@ -190,6 +190,7 @@ def test_ops_endpoints(client):
     info = raw.json()
     assert info["manifest"]["dimension"] == 384 and info["manifest"]["max_seq_length"] == 256
     assert len(raw.content) < 4096 and "golden" not in raw.text  # polled by clients: small
+    assert "ranges" not in raw.text and 384 in info["manifest"]["calibration"]["dimensions"]  # int8 output: which
     client.post("/embed", json={"inputs": ["count me"]})
     text = client.get("/metrics").text
     assert 'sembed_requests_total{route="/embed",status="200"}' in text

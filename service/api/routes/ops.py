@@ -67,9 +67,14 @@ def _model_type(info) -> dict:
 
 
 def _summary(manifest: dict) -> dict:
-    """The manifest without its recorded vectors (the engine's golden check reads them from the export):
-    /info is what clients and dashboards poll, and those made it 38 KB."""
+    """The manifest without its recorded vectors and calibration ranges (the engine reads those from the export):
+    /info is what clients and dashboards poll, and they would make it tens of KB. The calibration is summed up as
+    its source, its size and the dimensions it covers."""
     out = {k: v for k, v in manifest.items() if k != "golden"}
+    if isinstance(out.get("calibration"), dict):
+        calibration = out["calibration"]
+        out["calibration"] = {"source": calibration.get("source"), "sentences": calibration.get("sentences"),
+                              "dimensions": sorted(int(d) for d in calibration.get("ranges", {}))}
     if isinstance(out.get("variants"), dict):
         out["variants"] = {name: {k: v for k, v in entry.items() if k != "quality"} | (
             {"quality": {k: v for k, v in entry["quality"].items() if k != "golden_embeddings"}}
