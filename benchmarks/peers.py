@@ -14,8 +14,10 @@ not measured. Then the same load generator (a raw HTTP/1.1 keep-alive client on 
 request is printed) drives it: single texts at concurrency 1 and 64, batches of 32 short texts and batches of 32
 long texts (124-132 tokens) at --batch-concurrency, for --duration seconds each after a warm-up. Per phase:
 sentences/s, p50/p99 request latency, and the server's CPU time per sentence (utime + stime of its process and
-every process under it, from /proc). Rounds alternate the servers (each round in a rotated order), so the host's
-drift hits all of them; each figure is the median of its rounds (every round is kept in the JSON).
+every process under it, from /proc); a 429 with Retry-After is waited out and sent again, as a client would (its
+latency runs from the first send; the count is shown), any other non-200 answer is counted as an error. Rounds
+alternate the servers (each round in a rotated order), so the host's drift hits all of them; each figure is the
+median of its rounds (every round is kept in the JSON).
 
     python -m benchmarks.peers [--model-dir models/all-MiniLM-L6-v2] [--data-dir ../shared/data]
         [--peers-python .venv/peers/bin/python] [--servers sembed,infinity-onnx,...] [--rounds 3] [--out FILE]
@@ -86,6 +88,7 @@ class Connection:
 
     def __init__(self, port: int):
         self.port = port
+        self.retry_after: float | None = None  # the last answer's Retry-After, seconds
 
     async def open(self) -> Connection:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -96,12 +99,15 @@ class Connection:
                           b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
         head = await self.reader.readuntil(b"\r\n\r\n")
         status, length, chunked = int(head[9:12]), 0, False
+        self.retry_after = None
         for line in head.split(b"\r\n"):
             name, _, value = line.partition(b":")
             if name.lower() == b"content-length":
                 length = int(value)
             elif name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
                 chunked = True
+            elif name.lower() == b"retry-after":
+                self.retry_after = float(value)
         if not chunked:
             return status, await self.reader.readexactly(length)
         parts = []
@@ -122,6 +128,7 @@ class Load:
     start: float
     cutoff: float  # the end of the measured time: answers after it are not counted
     answers: list[tuple[float, float, int]]
+    retries: int = 0  # 429 answers with Retry-After, waited out and sent again
     first_error: str = ""
 
 
@@ -133,6 +140,7 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
     bodies = phase.bodies
     await asyncio.gather(*(c.post(PATH, bodies[i % len(bodies)]) for i, c in enumerate(conns)))
     answers: list[tuple[float, float, int]] = []
+    retries = [0]
     first_error = ""
     turn = answered = 0
     start = time.perf_counter()
@@ -143,12 +151,19 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
         while (sent := time.perf_counter()) < end or (answered < min_requests and sent < end + MAX_EXTRA_S):
             body = bodies[turn % len(bodies)]
             turn += 1
-            try:
-                status, answer = await conns[i].post(PATH, body)
-            except (OSError, asyncio.IncompleteReadError) as e:  # the server closed the connection: an error
-                conns[i].close()
-                conns[i] = await Connection(port).open()
-                status, answer = 0, repr(e).encode()
+            while True:
+                try:
+                    status, answer = await conns[i].post(PATH, body)
+                except (OSError, asyncio.IncompleteReadError) as e:  # the server closed the connection: an error
+                    conns[i].close()
+                    conns[i] = await Connection(port).open()
+                    status, answer = 0, repr(e).encode()
+                if status != 429 or conns[i].retry_after is None or time.perf_counter() > end + MAX_EXTRA_S:
+                    break
+                # refused for now with Retry-After (a server shedding load): as a client does, wait and send it
+                # again; its latency runs from the first send
+                retries[0] += 1
+                await asyncio.sleep(conns[i].retry_after)
             answers.append((sent, time.perf_counter(), status))
             answered += status == 200
             if status != 200 and not first_error:
@@ -162,7 +177,7 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
     answers.sort(key=lambda a: a[1])
     good = [done for _, done, status in answers if status == 200]
     cutoff = max(end, good[min_requests - 1] if 0 < min_requests <= len(good) else end)
-    return Load(start, cutoff, answers, first_error)
+    return Load(start, cutoff, answers, retries[0], first_error)
 
 
 def measure(port: int, root_pid: int, phase: Phase, duration: float) -> dict:
@@ -176,6 +191,7 @@ def measure(port: int, root_pid: int, phase: Phase, duration: float) -> dict:
     counted = [(done - sent, status) for sent, done, status in load.answers if done <= load.cutoff]
     figures = summarize([latency for latency, status in counted if status == 200], phase.items,
                         load.cutoff - load.start, server_s, client_s, sum(status != 200 for _, status in counted))
+    figures["retried_429"] = load.retries
     if load.first_error:
         figures["first_error"] = load.first_error
     return figures
@@ -338,7 +354,8 @@ def run_round(name: str, how: Launch, port: int, check: tuple[list[str], np.ndar
                 row["phases"][phase.name] = figures = measure(port, proc.pid, phase, duration)
                 print(f"    {phase.name:<14} {figures['sent_s']:8.1f} sent/s  p50 {figures['p50_ms']:7.1f} ms  "
                       f"p99 {figures['p99_ms']:7.1f} ms  server {figures['server_cpu_ms_per_item']:6.2f} CPU ms/item"
-                      f"  errors {figures['errors']} {figures.get('first_error', '')}", flush=True)
+                      f"  errors {figures['errors']} (429s retried {figures['retried_429']}) "
+                      f"{figures.get('first_error', '')}", flush=True)
             row["rss_mib"] = rss_mib(proc.pid)
     return row
 
@@ -362,7 +379,8 @@ def report(results: dict[str, dict], phase_names: list[str]) -> list[tuple[str, 
     print(f"\n{'sentences/s (median of rounds)':<32}" + "".join(f"{n:>24}" for n in names))
     rows = [("sent/s", "sent_s", "{:.1f}"), ("p50 ms", "p50_ms", "{:.1f}"), ("p99 ms", "p99_ms", "{:.1f}"),
             ("server CPU ms/sentence", "server_cpu_ms_per_item", "{:.2f}"),
-            ("client CPU us/request", "client_cpu_us_per_request", "{:.0f}"), ("errors", "errors", "{:.0f}")]
+            ("client CPU us/request", "client_cpu_us_per_request", "{:.0f}"), ("errors", "errors", "{:.0f}"),
+            ("429s waited out, sent again", "retried_429", "{:.0f}")]
     for phase in phase_names:
         for label, key, fmt in rows:
             cells = [fmt.format(r["phases"][phase][key]) if r["ok"] else "FAIL" for r in results.values()]
