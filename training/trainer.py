@@ -1,9 +1,11 @@
 """The trainer: a run's set-up, its stages through the one loop (training/loop.py), its tear-down.
 
-    train(cfg, run_dir) = Trainer(...)          set-up: everything the config names, loaded once
-                          run_stages(...)       the objective's own earlier stages (InfoCSE's stage 1)
-                          run_stage(main, ...)  the run's stage; after each step Trainer.after_step
-                          Trainer.finish()      tear-down: the plot, the result
+    train(cfg, run_dir) = Trainer(...)             set-up: everything the config names, loaded once
+                          run_stages(...)          the objective's own earlier stages (InfoCSE's stage 1)
+                          Trainer.main_stage()     the run's stage: optimiser, schedule, precision, batches
+                          Trainer.begin()          the resumed state, or step 0 evaluated
+                          run_stage(main, ...)     the run's stage; after each step Trainer.after_step
+                          Trainer.finish()         tear-down: the plot, the result
 
 Set-up joins the process group and seeds every RNG, reads the checkpoint to resume (training/resume.py:
 `Checkpoint`, whose `TrainState` the run then carries on), loads the encoder and a copy of it as saved
@@ -77,7 +79,9 @@ def train(cfg: TrainConfig, run_dir: Path, log=print, stop_at: int | None = None
     `evaluator` picks best/ (default: the one `cfg.select` names, built before any training)."""
     trainer = Trainer(cfg, run_dir, log, evaluator, stop_at)  # set-up
     run_stages(trainer.objective, trainer.examples, trainer.device)  # the objective's earlier stages, if any
-    run_stage(trainer.objective, trainer.main_stage(), trainer.device, trainer.state, trainer.after_step)
+    stage = trainer.main_stage()
+    trainer.begin()  # resumed where the checkpoint stopped, or step 0 evaluated
+    run_stage(trainer.objective, stage, trainer.device, trainer.state, trainer.after_step)
     return trainer.finish()  # tear-down
 
 
@@ -150,7 +154,7 @@ class Trainer:
         return checkpoint, changes
 
     def main_stage(self) -> Stage:
-        """The run's stage, from the config (and the checkpoint on resume); on a fresh run step 0 is evaluated."""
+        """The run's stage, from the config, with the checkpoint's optimiser, scheduler and scaler on resume."""
         cfg, state, checkpoint = self.cfg, self.state, self.checkpoint
         if cfg.eval_unit not in ("steps", "epochs"):
             raise ValueError(f"eval_unit must be 'steps' or 'epochs', not {cfg.eval_unit!r}")
@@ -171,10 +175,17 @@ class Trainer:
             params=[p for p in self.objective.parameters() if p.requires_grad], autocast=amp_dtype,
             scaler=torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16),
             grad_cache=cfg.grad_cache)
-        self.start = time.perf_counter()
         if checkpoint is not None:
             for name in ("optimizer", "scheduler", "scaler"):
                 getattr(self.stage, name).load_state_dict(getattr(checkpoint, name))
+        return self.stage
+
+    def begin(self) -> None:
+        """On resume: metrics.jsonl back to the checkpoint's step (and the config changes allowed); on a fresh
+        run: step 0 evaluated, which makes it best/ and the base (or the base as saved, if that scores higher)."""
+        cfg, state = self.cfg, self.state
+        self.start = time.perf_counter()
+        if self.checkpoint is not None:
             if self.main:
                 truncate_metrics(self.metrics, state.step)
                 if self.changes:
@@ -186,7 +197,6 @@ class Trainer:
             self.metrics.unlink(missing_ok=True)
             self.selector.start(self.objective.inference_encoder(), self.base, cfg.base_model)
             self.base = None
-        return self.stage
 
     def after_step(self, step: int, out: dict[str, torch.Tensor]) -> bool:
         """The step's metrics; every eval_steps (and at the end) an evaluation and a checkpoint; a checkpoint at
