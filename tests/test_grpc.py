@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -163,6 +164,9 @@ def test_every_api_process_serves_the_port(live, channel):
     from benchmarks.machine import process_tree
 
     api = {pid for pid, title in process_tree(live.proc.pid).items() if title.startswith("sembed: api ")}
+    deadline = time.monotonic() + 60  # ready is one process's /readyz: the other may still be starting
+    while listeners(live.port) != api and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert len(api) == 2 and listeners(live.port) == api
     expected = np.asarray(http(live, "/embed", {"inputs": TEXTS[0]})[0], dtype=np.float32)
     for _ in range(8):  # a connection each: whichever process takes it answers the same
@@ -351,6 +355,12 @@ def test_bad_input_is_invalid_argument_naming_the_problem(live, channel):
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "tei.v1.EmbedRequest" in error.details()
     # the service goes on answering
     assert len(stub.Embed(pb.EmbedRequest(inputs="still here")).embeddings) == 384
+    # counted as HTTP requests are, by route (the gRPC method) and the HTTP status the answer stands for
+    lines = httpx.get(f"{live.url}/metrics").text.splitlines()
+    for metric, labels in (("sembed_requests_total", ('route="/tei.v1.Embed/Embed"', 'status="200"')),
+                           ("sembed_requests_total", ('route="/tei.v1.Embed/Embed"', 'status="422"')),
+                           ("sembed_request_errors_total", ('route="/tei.v1.Embed/Embed"', 'error_type="Validation"'))):
+        assert any(line.startswith(metric) and all(label in line for label in labels) for line in lines), labels
 
 
 def test_oversized_messages_and_streams_are_refused_as_oversized_bodies(live, channel):

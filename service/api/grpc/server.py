@@ -21,9 +21,11 @@ API process's event loop, beside HTTP: the same models (`registry`), the same ro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -33,6 +35,7 @@ from google.protobuf.message import DecodeError, Message
 from service.api.auth import ApiKeys
 from service.api.errors import ApiError, to_api_error
 from service.api.grpc import tei_pb2 as pb
+from service.api.middleware import CLIENT_CLOSED
 from service.api.registry import ModelRegistry, ServedModel
 from service.api.routes import tei
 from service.api.routes.ops import tei_info
@@ -95,6 +98,12 @@ def _metadata(chars: int, result: EmbedResult, start: float) -> pb.Metadata:
                        inference_time_ns=int(result.inference_s * 1e9))
 
 
+@dataclass
+class _Call:
+    route: str
+    status: int = 200  # the HTTP status its answer stands for, in the request metrics
+
+
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
@@ -111,32 +120,37 @@ class TeiService:
         self.max_batch = settings.max_client_batch_size
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
-        unary, stream = self._unary, self._stream
-        services: dict[str, dict[str, grpc.RpcMethodHandler]] = {
-            "Info": {"Info": unary("Info", pb.InfoRequest, self.info)},
-            "Embed": {"Embed": unary("Embed", pb.EmbedRequest, self.embed),
-                      "EmbedStream": stream("EmbedStream", pb.EmbedRequest, self.embed, self.embed_together),
-                      "EmbedSparse": unary("EmbedSparse", pb.EmbedSparseRequest, self.embed_sparse),
-                      "EmbedSparseStream": stream("EmbedSparseStream", pb.EmbedSparseRequest, self.embed_sparse),
-                      "EmbedAll": unary("EmbedAll", pb.EmbedAllRequest, self.embed_all),
-                      "EmbedAllStream": stream("EmbedAllStream", pb.EmbedAllRequest, self.embed_all)},
-            "Predict": {"Predict": unary("Predict", pb.PredictRequest, self.predict),
-                        "PredictPair": unary("PredictPair", pb.PredictPairRequest, self.predict_pair),
-                        "PredictStream": stream("PredictStream", pb.PredictRequest, self.predict),
-                        "PredictPairStream": stream("PredictPairStream", pb.PredictPairRequest, self.predict_pair)},
-            "Rerank": {"Rerank": unary("Rerank", pb.RerankRequest, self.rerank),
-                       "RerankStream": grpc.stream_unary_rpc_method_handler(self._rerank_stream,
-                                                                            response_serializer=_serialize)},
-            "Tokenize": {"Tokenize": unary("Tokenize", pb.EncodeRequest, self.tokenize),
-                         "TokenizeStream": stream("TokenizeStream", pb.EncodeRequest, self.tokenize),
-                         "Decode": unary("Decode", pb.DecodeRequest, self.decode),
-                         "DecodeStream": stream("DecodeStream", pb.DecodeRequest, self.decode)},
+        # service → rpc → (its request message, the answer to one, for a stream: how several are answered together)
+        services: dict[str, dict[str, tuple]] = {
+            "Info": {"Info": (pb.InfoRequest, self.info)},
+            "Embed": {"Embed": (pb.EmbedRequest, self.embed),
+                      "EmbedStream": (pb.EmbedRequest, self.embed, self.embed_together),
+                      "EmbedSparse": (pb.EmbedSparseRequest, self.embed_sparse),
+                      "EmbedSparseStream": (pb.EmbedSparseRequest, self.embed_sparse, None),
+                      "EmbedAll": (pb.EmbedAllRequest, self.embed_all),
+                      "EmbedAllStream": (pb.EmbedAllRequest, self.embed_all, None)},
+            "Predict": {"Predict": (pb.PredictRequest, self.predict),
+                        "PredictPair": (pb.PredictPairRequest, self.predict_pair),
+                        "PredictStream": (pb.PredictRequest, self.predict, None),
+                        "PredictPairStream": (pb.PredictPairRequest, self.predict_pair, None)},
+            "Rerank": {"Rerank": (pb.RerankRequest, self.rerank)},
+            "Tokenize": {"Tokenize": (pb.EncodeRequest, self.tokenize),
+                         "TokenizeStream": (pb.EncodeRequest, self.tokenize, None),
+                         "Decode": (pb.DecodeRequest, self.decode),
+                         "DecodeStream": (pb.DecodeRequest, self.decode, None)},
         }
-        return [grpc.method_handlers_generic_handler(f"{PACKAGE}.{name}", methods)
-                for name, methods in services.items()]
+        handlers = []
+        for service, rpcs in services.items():
+            methods = {rpc: self._unary(f"/{PACKAGE}.{service}/{rpc}", *spec) if len(spec) == 2 else
+                       self._stream(f"/{PACKAGE}.{service}/{rpc}", *spec) for rpc, spec in rpcs.items()}
+            if service == "Rerank":  # a stream in, one answer out
+                methods["RerankStream"] = grpc.stream_unary_rpc_method_handler(self._rerank_stream,
+                                                                               response_serializer=_serialize)
+            handlers.append(grpc.method_handlers_generic_handler(f"{PACKAGE}.{service}", methods))
+        return handlers
 
-    # --- what every call does first, and how it fails ---------------------------------------------------------
-    def _model(self, context: grpc.aio.ServicerContext, method: str) -> ServedModel:
+    # --- what every call does first, and how it ends ---------------------------------------------------------
+    def _model(self, context: grpc.aio.ServicerContext, route: str) -> ServedModel:
         """The key checked as HTTP checks it, then the model the call names (or the default)."""
         authorization = name = None
         for key, value in context.invocation_metadata() or ():
@@ -144,30 +158,48 @@ class TeiService:
                 authorization = value
             elif key == MODEL_KEY:
                 name = value
-        refused = self.keys.check(f"/{PACKAGE}.{method}", authorization.encode() if authorization else None)
+        refused = self.keys.check(route, authorization.encode() if authorization else None)
         if refused is not None:
             raise refused
         return self.registry.get(name)
 
-    async def _abort(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    @contextlib.contextmanager
+    def _counted(self, route: str) -> Iterator[_Call]:
+        """The call in the API process's request metrics as HTTP's requests are: by route (the gRPC method) and
+        the HTTP status its answer stands for (200, the error's, 499 where the client left)."""
+        call, start = _Call(route), time.perf_counter()
+        try:
+            yield call
+        except (asyncio.CancelledError, GeneratorExit):
+            call.status = CLIENT_CLOSED
+            raise
+        finally:
+            metrics = self.registry.metrics
+            metrics.requests.labels(route, str(call.status)).inc()
+            metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: Exception, call: _Call) -> None:
         error = to_api_error(exc, self.settings.retry_after_s)
+        call.status = error.status
+        self.registry.metrics.request_errors.labels(call.route, error.error_type).inc()
         if error.status >= 500 and error.status not in (501, 503):
-            log.error("gRPC call failed", exc_info=exc)
+            log.error("gRPC call %s failed", call.route, exc_info=exc)
         retry = [("retry-after", v) for k, v in error.headers.items() if k.lower() == "retry-after"]
         await context.abort(status_code(error), error.message, tuple(retry))
 
-    def _unary(self, method: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
+    def _unary(self, route: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
         async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
-            try:
-                served = self._model(context, method)
-                return await answer(served, _parse(kind, raw))
-            except Exception as e:
-                await self._abort(context, e)
-                raise  # abort raised already: for the type checker
+            with self._counted(route) as counted:
+                try:
+                    served = self._model(context, route)
+                    return await answer(served, _parse(kind, raw))
+                except Exception as e:
+                    await self._abort(context, e, counted)
+                    raise  # abort raised already: for the type checker
 
         return grpc.unary_unary_rpc_method_handler(call, response_serializer=_serialize)
 
-    def _stream(self, method: str, kind: type[Message], answer: Answer,
+    def _stream(self, route: str, kind: type[Message], answer: Answer,
                 together: Together | None = None) -> grpc.RpcMethodHandler:
         """A stream's messages answered in order. With `together`, the messages that arrived while the stream's last
         group was being answered are answered as one group (one request to the engine: a client that streams a
@@ -176,12 +208,15 @@ class TeiService:
             queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
             tasks: set[asyncio.Future] = set()  # this stream's reader and group tasks
             try:
-                served = self._model(context, method)
-                tasks.add(asyncio.ensure_future(self._read(requests, kind, served, answer, together, queue, tasks)))
-                while (item := await queue.get()) is not None:
-                    yield await item
-            except Exception as e:
-                await self._abort(context, e)
+                with self._counted(route) as counted:
+                    try:
+                        served = self._model(context, route)
+                        tasks.add(asyncio.ensure_future(self._read(requests, kind, served, answer, together, queue,
+                                                                   tasks)))
+                        while (item := await queue.get()) is not None:
+                            yield await item
+                    except Exception as e:
+                        await self._abort(context, e, counted)
             finally:
                 for task in tasks:
                     task.cancel()
@@ -352,32 +387,36 @@ class TeiService:
     async def _rerank_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Message:
         """(query, text) pairs, one a message, ranked together. Pairs that share a query (and truncation) are
         scored as one /rerank request; raw_scores and return_text are the first message's (as TEI reads them)."""
-        try:
-            start = time.perf_counter()
-            served = self._model(context, "Rerank/RerankStream")
-            pairs = [r async for r in self._messages(requests, pb.RerankStreamRequest)]
-            if not pairs:
-                raise ApiError(422, "the stream held no (query, text) pair", "Validation", param="texts")
-            groups: dict[tuple[str, bool, str], list[int]] = {}
-            for i, r in enumerate(pairs):
-                groups.setdefault((r.query, r.truncate, _direction(r.truncation_direction)), []).append(i)
-            scored = await asyncio.gather(*(
-                tei.rerank_scores(served, query, [pairs[i].text for i in rows], self.max_batch, truncate=truncate,
-                                  direction=direction, raw_scores=pairs[0].raw_scores)
-                for (query, truncate, direction), rows in groups.items()))
-            scores = np.empty(len(pairs), dtype=np.float64)
-            for rows, (group_scores, _) in zip(groups.values(), scored):
-                scores[rows] = group_scores
-            results = [result for _, result in scored]
-            total = EmbedResult(np.empty((0, 0), np.float32), sum(x.prompt_tokens for x in results),
-                                sum(x.queue_s for x in results), sum(x.inference_s for x in results),
-                                sum(x.tokenization_s for x in results))
-            chars = sum(len(r.query) + len(r.text) for r in pairs)
-            return pb.RerankResponse(ranks=_ranks(scores, [r.text for r in pairs], pairs[0].return_text),
-                                     metadata=_metadata(chars, total, start))
-        except Exception as e:
-            await self._abort(context, e)
-            raise
+        route = f"/{PACKAGE}.Rerank/RerankStream"
+        with self._counted(route) as counted:
+            try:
+                return await self._rank_stream(self._model(context, route), requests)
+            except Exception as e:
+                await self._abort(context, e, counted)
+                raise
+
+    async def _rank_stream(self, served: ServedModel, requests: AsyncIterator[bytes]) -> pb.RerankResponse:
+        start = time.perf_counter()
+        pairs = [r async for r in self._messages(requests, pb.RerankStreamRequest)]
+        if not pairs:
+            raise ApiError(422, "the stream held no (query, text) pair", "Validation", param="texts")
+        groups: dict[tuple[str, bool, str], list[int]] = {}
+        for i, r in enumerate(pairs):
+            groups.setdefault((r.query, r.truncate, _direction(r.truncation_direction)), []).append(i)
+        scored = await asyncio.gather(*(
+            tei.rerank_scores(served, query, [pairs[i].text for i in rows], self.max_batch, truncate=truncate,
+                              direction=direction, raw_scores=pairs[0].raw_scores)
+            for (query, truncate, direction), rows in groups.items()))
+        scores = np.empty(len(pairs), dtype=np.float64)
+        for rows, (group_scores, _) in zip(groups.values(), scored):
+            scores[rows] = group_scores
+        results = [result for _, result in scored]
+        total = EmbedResult(np.empty((0, 0), np.float32), sum(x.prompt_tokens for x in results),
+                            sum(x.queue_s for x in results), sum(x.inference_s for x in results),
+                            sum(x.tokenization_s for x in results))
+        chars = sum(len(r.query) + len(r.text) for r in pairs)
+        return pb.RerankResponse(ranks=_ranks(scores, [r.text for r in pairs], pairs[0].return_text),
+                                 metadata=_metadata(chars, total, start))
 
     async def tokenize(self, served: ServedModel, r: pb.EncodeRequest) -> pb.EncodeResponse:
         tokens = await asyncio.to_thread(served.token_details, [r.inputs], r.add_special_tokens,
