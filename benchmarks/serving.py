@@ -5,10 +5,14 @@ One run on one machine, so the ratios hold even where absolute speeds move betwe
      onnxruntime in process (the export's graph, default session options), and our service over HTTP;
   2. single-sentence requests at concurrency 1/8/32/64 against the service: throughput and
      p50/p95/p99 latency;
+  3. the vector cache (SEMBED_CACHE_MB): batches of 32 texts drawn by Zipf's law so that half of them repeat
+     a text sent before, against the same service without the cache; and texts that never repeat (every
+     one a miss), for what a miss costs;
 and prints PASS/FAIL for the targets of the serving-engine issue. The load generator is a raw
 HTTP/1.1 keep-alive client on asyncio, so its own cost on the shared cores stays small.
 
     python -m benchmarks.serving [--model-dir models/all-MiniLM-L6-v2] [--data-dir ../shared/data]
+    python -m benchmarks.serving --cache-only   # the cache's workload alone (3. above)
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from service.engine.backends.cpu import int8_variant
 from service.settings import MEMORY_ONLY
 
 BATCH = 32
+#: clients of the cache's workload: requests in flight together, as a service has them
+CACHE_CLIENTS = 4
 CONCURRENCY = (1, 8, 32, 64)
 
 
@@ -68,6 +74,34 @@ def make_texts(tokenizer, data_dir: Path, n_short: int, n_long: int) -> tuple[li
         if len(long) == n_long:
             break
     return short, long
+
+
+def cache_pool(data_dir: Path) -> list[str]:
+    """Distinct real sentences (or generated ones without the data folder), in a fixed order."""
+    corpus = data_dir / "corpus" / "wordnet-sentences.txt"
+    if corpus.is_file():
+        lines = corpus.read_text().splitlines()
+    else:
+        rng = random.Random(1)
+        vocab = ("the a man woman dog cat plays runs eats reads near under over quickly slowly old young "
+                 "river city guitar book green small large music morning night street house").split()
+        lines = [" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 20))) + "." for _ in range(60000)]
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+
+def zipf_ranks(n: int, repeats: float = 0.5, seed: int = 0) -> list[int]:
+    """n draws of Zipf's law (rank k weighs 1/k) over as many ranks as make `repeats` of the draws a rank
+    drawn before, numbered by first appearance (0, 1, 2, ...)."""
+    def draw(m: int) -> list[int]:
+        weights = 1.0 / np.arange(1, m + 1)
+        return np.random.default_rng(seed).choice(m, size=n, p=weights / weights.sum()).tolist()
+
+    low, high = 1, 1_000_000  # more ranks: fewer repeats
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if 1 - len(set(draw(mid))) / n > repeats else (low, mid)
+    order: dict[int, int] = {}
+    return [order.setdefault(rank, len(order)) for rank in draw(high)]
 
 
 # --- in process ------------------------------------------------------------------------------------
@@ -213,6 +247,102 @@ async def http_singles(port: int, texts: list[str], concurrency: int, total: int
     return {"rps": total / elapsed, "p50": q[49], "p95": q[94], "p99": q[98], "errors": errors}
 
 
+async def http_stream(port: int, texts: list[str], concurrency: int = CACHE_CLIENTS) -> float:
+    """Sentences per second of `texts` sent in order as requests of BATCH by `concurrency` clients, each sending
+    the next request of the stream once its last is answered."""
+    conns = [await Connection(port).open() for _ in range(concurrency)]
+    bodies = iter([json.dumps({"inputs": texts[i : i + BATCH]}).encode() for i in range(0, len(texts), BATCH)])
+
+    async def client(conn: Connection) -> None:
+        for body in bodies:
+            status, answer = await conn.post("/embed", body)
+            assert status == 200, (status, answer[:300])
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in conns))
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        c.close()
+    return len(texts) / elapsed
+
+
+def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[str], n: int, rounds: int) -> dict:
+    """The vector cache's workload: each round a Zipf stream of n texts (half of them a text sent before) and n
+    texts that never repeat, both new to every service, sent to the service with the cache ("cache") and the one
+    without ("no cache"), which goes first alternating. Per workload and service: texts per second (the best round,
+    and each round's cache / no cache back to back) and the server's CPU seconds per text (all its processes, all
+    rounds); the load average."""
+    from benchmarks.frontend import cpu_seconds  # frontend imports this module
+
+    ranks = zipf_ranks(n)
+    distinct = max(ranks) + 1
+    if len(pool) < rounds * (distinct + n) + 1:
+        raise SystemExit(f"the cache bench needs {rounds * (distinct + n)} distinct texts; the pool has {len(pool)}")
+    best: dict[str, dict[str, float]] = {"repeated": {}, "unique": {}, "all hits": {}}
+    paired: dict[str, list[float]] = {"repeated": [], "unique": []}  # each round's cache / no cache, back to back
+    cpu: dict[str, dict[str, float]] = {"repeated": {}, "unique": {}, "all hits": {}}  # seconds, all rounds
+    load = [os.getloadavg()[0]]
+
+    def run(who: str, workload: str, texts: list[str]) -> float:
+        proc, port = services[who]
+        pids = process_tree(proc.pid)
+        before = sum(cpu_seconds(pids).values())
+        rate = asyncio.run(http_stream(port, texts))
+        cpu[workload][who] = cpu[workload].get(who, 0.0) + sum(cpu_seconds(pids).values()) - before
+        best[workload][who] = max(best[workload].get(who, 0.0), rate)
+        return rate
+
+    for r in range(rounds):
+        fresh = pool[r * (distinct + n):(r + 1) * (distinct + n)]
+        streams = {"repeated": [fresh[k] for k in ranks], "unique": fresh[distinct:]}
+        order = ["no cache", "cache"] if r % 2 == 0 else ["cache", "no cache"]
+        for workload, texts in streams.items():
+            rates = {who: run(who, workload, texts) for who in order}
+            paired[workload].append(rates["cache"] / rates["no cache"])
+        run("cache", "all hits", streams["repeated"])  # the same stream again: every text a hit
+        load.append(os.getloadavg()[0])
+    per_text = {w: {who: seconds / (n * rounds) for who, seconds in c.items()} for w, c in cpu.items()}
+    # On a host this loaded a round's throughput moves by more than the 5% a miss may cost: the server's CPU per
+    # text (what a saturated host's throughput is the inverse of) judges, the throughput ratios are shown beside it.
+    return {"texts": n, "repeats": 1 - distinct / n, "rounds": rounds, "batch": BATCH, "clients": CACHE_CLIENTS,
+            "rate": best, "paired": paired, "cpu_per_text": per_text,
+            "speedup": per_text["repeated"]["no cache"] / per_text["repeated"]["cache"],
+            "miss_cost": per_text["unique"]["cache"] / per_text["unique"]["no cache"] - 1,
+            "load_average": {"min": min(load), "max": max(load), "samples": load}}
+
+
+def report_cache(c: dict) -> None:
+    load = c["load_average"]
+    print(f"\nvector cache: {c['clients']} clients sending batches of {c['batch']}, {c['texts']} texts a round "
+          f"({c['repeats']:.0%} repeats, Zipf), {c['rounds']} alternating rounds; load average "
+          f"{load['min']:.2f}–{load['max']:.2f} on {os.cpu_count()} cores")
+    print(f"{'':<26}{'server CPU per text':^36}{'texts/s, best round':^30}{'texts/s ratio by round':>24}")
+    print(f"{'workload':<26}{'no cache':>12}{'cache':>12}{'ratio':>12}{'no cache':>10}{'cache':>10}{'ratio':>10}"
+          f"{'median':>10}{'range':>14}")
+    for workload, label in (("repeated", "Zipf, half repeats"), ("unique", "no repeats (all misses)"),
+                            ("all hits", "the Zipf texts again")):
+        cpu, rate = c["cpu_per_text"][workload], c["rate"][workload]
+        line = f"{label:<26}"
+        if workload == "all hits":  # the cache's ceiling: every text a hit
+            line += f"{'':>12}{cpu['cache'] * 1e6:>9.0f} µs{'':>12}{'':>10}{rate['cache']:>10.0f}"
+        else:
+            rounds = c["paired"][workload]
+            line += (f"{cpu['no cache'] * 1e6:>9.0f} µs{cpu['cache'] * 1e6:>9.0f} µs"
+                     f"{cpu['no cache'] / cpu['cache']:>11.3f}x{rate['no cache']:>10.1f}{rate['cache']:>10.1f}"
+                     f"{rate['cache'] / rate['no cache']:>9.3f}x{statistics.median(rounds):>9.3f}x"
+                     f"{min(rounds):>7.2f}–{max(rounds):.2f}")
+        print(line)
+    print(f"the cache on repeated texts: {c['speedup']:.2f}x the throughput of CPU without it; a miss costs "
+          f"{c['miss_cost']:+.1%} of CPU over no cache")
+
+
+def cache_checks(c: dict) -> list[tuple[str, bool]]:
+    return [(f"cache: repeated texts (Zipf, half repeats) ≥ 1.8× the throughput without it, by server CPU per text "
+             f"({c['speedup']:.2f}×)", c["speedup"] >= 1.8),
+            (f"cache: a miss costs ≤ 5% over no cache, by server CPU per text ({c['miss_cost']:+.1%})",
+             c["miss_cost"] <= 0.05)]
+
+
 def rss_mb(root: int) -> tuple[float, float]:
     """(current, peak) resident memory of the service, MB: summed over its processes (the supervisor, the
     API processes, the engines, the index), each one's peak counted at its own high-water mark (Linux)."""
@@ -269,7 +399,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternating rounds of the side-by-side comparisons (each keeps its best)")
     parser.add_argument("--no-sts", action="store_true", help="skip the 7-task STS of each variant")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    parser.add_argument("--cache-texts", type=int, default=512, help="texts per round of the cache's workload")
+    parser.add_argument("--cache-mb", type=float, default=64, help="SEMBED_CACHE_MB of the service with the cache")
+    parser.add_argument("--cache-only", action="store_true", help="run the cache's workload alone")
     args = parser.parse_args(argv)
+    if args.cache_only:
+        return cache_only(args)
 
     from tokenizers import Tokenizer
 
@@ -293,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     contenders = {"sentence-transformers": sentence_transformers_encoder(st_dir),
                   "onnxruntime": onnxruntime_encoder(args.model_dir)}
     services = {"service": start_service(args.model_dir)}
+    cached = start_service(args.model_dir, cache_mb=args.cache_mb)  # the cache's workload only
     if int8_entry:
         contenders["onnxruntime int8"] = onnxruntime_encoder(args.model_dir, int8_entry["file"])
         services["service int8"] = start_service(args.model_dir, variant="int8")
@@ -320,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                 a, b = contenders["onnxruntime"](texts[:256]), contenders["onnxruntime int8"](texts[:256])
                 best[name]["int8_mean_cosine"] = float((a * b).sum(axis=1).mean())
         results["batch"] = best
+        results["cache"] = cache_bench({"no cache": services["service"], "cache": cached}, cache_pool(args.data_dir),
+                                       args.cache_texts, args.rounds)
         contenders.clear()
         for c in CONCURRENCY[:-1]:
             results["singles"][c] = asyncio.run(http_singles(port, short, c, max(args.requests, 4 * c)))
@@ -331,9 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         after, peak = rss_mb(proc.pid)
         results["limits"].update({"rss_before_mb": before, "rss_peak_mb": peak, "rss_after_mb": after})
     finally:
-        for proc, _ in services.values():
-            proc.terminate()
-            proc.wait(timeout=30)
+        stop({**services, "service cached": cached})
     variants = ["fp32"] + (["int8"] if int8_entry else [])
     if not args.no_sts and (args.data_dir / "senteval").is_dir():
         print("7-task STS per variant (in process) ...", flush=True)
@@ -341,13 +477,35 @@ def main(argv: list[str] | None = None) -> int:
                                   {"fp32": "fp32", **({"int8": int8_name} if int8_name else {})})
 
     report(results, variants)
-    checks = targets(results, int8_entry is not None)
+    report_cache(results["cache"])
+    checks = targets(results, int8_entry is not None) + cache_checks(results["cache"])
     print()
     if not int8_entry:
         print("n/a   int8 targets: this export has no int8 variant")
     elif "sts" not in results:
         print("n/a   int8 7-task STS drop: not measured (--no-sts, or no senteval data)")
     return machine.finish(checks, results, args.out)
+
+
+def stop(services: dict[str, tuple[subprocess.Popen, int]]) -> None:
+    for proc, _ in services.values():
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def cache_only(args) -> int:
+    """`--cache-only`: the cache's workload against two fresh services, one with the cache and one without."""
+    print(cpu_line(), flush=True)
+    services = {"no cache": start_service(args.model_dir),
+                "cache": start_service(args.model_dir, cache_mb=args.cache_mb)}
+    try:
+        results = {"cpu": cpu_line(),
+                   "cache": cache_bench(services, cache_pool(args.data_dir), args.cache_texts, args.rounds)}
+    finally:
+        stop(services)
+    report_cache(results["cache"])
+    print()
+    return machine.finish(cache_checks(results["cache"]), results, args.out)
 
 
 def report(results: dict, variants: list[str]) -> None:
