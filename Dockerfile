@@ -63,13 +63,13 @@ RUN python3 -m venv /opt/venv \
 FROM gpu-base AS gpu
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
     SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_DATA_DIR=/data \
-    SEMBED_DEVICE=cuda
+    SEMBED_GRPC_PORT=50051 SEMBED_DEVICE=cuda
 WORKDIR /app
 RUN mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained
 COPY --from=build-gpu /opt/venv /opt/venv
 COPY --from=export --chown=10001:10001 /models /models
 USER 10001
-EXPOSE 8080
+EXPOSE 8080 50051
 VOLUME ["/data"]
 HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('SEMBED_PORT', '8080'), timeout=2)"]
@@ -106,7 +106,8 @@ CMD ["make", "train-export", "METHOD=cosent", "ARGS=--set models_dir=/models/tra
 # ---- the CPU service (the last stage: `docker build .` builds it) -------------------------------------------------------------------------
 FROM python:3.11.14-slim-trixie AS runtime
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TMPDIR=/tmp \
-    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_DATA_DIR=/data
+    SEMBED_MODEL_DIR=/models/default SEMBED_MODELS_ROOT=/models/trained SEMBED_PORT=8080 SEMBED_DATA_DIR=/data \
+    SEMBED_GRPC_PORT=50051
 WORKDIR /app
 RUN useradd --system --uid 10001 --user-group --no-create-home sembed \
     && mkdir -p /data /models/trained && chown 10001:10001 /data /models/trained
@@ -115,7 +116,7 @@ COPY --from=build-cpu /opt/venv /opt/venv
 # exports the reload route may load go under /models/trained (SEMBED_MODELS_ROOT).
 COPY --from=export --chown=10001:10001 /models /models
 USER 10001
-EXPOSE 8080
+EXPOSE 8080 50051
 VOLUME ["/data"]
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('SEMBED_PORT', '8080'), timeout=2)"]

@@ -112,8 +112,10 @@ def image_service(tmp_path_factory):
     keys = tmp / "api_keys"
     keys.write_text("test-key\n")
     port = free_port()
+    assert env["SEMBED_GRPC_PORT"] == "50051"  # the image serves TEI's gRPC API too; here on a free port
     env.update(SEMBED_BACKEND="fake", SEMBED_PORT=str(port), SEMBED_HOST="127.0.0.1", SEMBED_API_WORKERS="2",
-               SEMBED_API_KEYS_FILE=str(keys), SEMBED_ACCESS_LOG="false", SEMBED_DRAIN_DELAY_S="0.2")
+               SEMBED_API_KEYS_FILE=str(keys), SEMBED_ACCESS_LOG="false", SEMBED_DRAIN_DELAY_S="0.2",
+               SEMBED_GRPC_PORT=str(free_port()))
     log = open(tmp / "service.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     proc.url, proc.env, proc.healthcheck, proc.tmp = f"http://127.0.0.1:{port}", env, healthcheck, tmp
@@ -146,14 +148,27 @@ def test_the_image_entrypoint_serves_with_the_image_environment(image_service):
     assert hc.returncode == 0, hc.stderr
     auth = {"Authorization": "Bearer test-key"}
     assert httpx.post(image_service.url + "/embed", json={"inputs": "x"}).status_code == 401
-    r = httpx.post(image_service.url + "/embed", json={"inputs": "hello"}, headers=auth)
-    assert r.status_code == 200 and len(r.json()) == 1
+    embedded = httpx.post(image_service.url + "/embed", json={"inputs": "hello"}, headers=auth)
+    assert embedded.status_code == 200 and len(embedded.json()) == 1
     # the index writes under the data volume (SEMBED_DATA_DIR=/data: /data/index), nowhere else
     doc = {"documents": [{"id": "1", "text": "hi"}]}
     r = httpx.post(image_service.url + "/index/documents", json=doc, headers=auth)
     assert r.status_code == 200, r.text
     assert any((image_service.tmp / "data" / "index").iterdir())
     assert "OPEN SERVICE" not in (image_service.tmp / "service.log").read_text()  # keys set: closed, quiet
+    # gRPC, on by default in the image, behind the same keys
+    import grpc
+
+    from service.api.grpc import tei_pb2 as pb
+    from service.api.grpc import tei_pb2_grpc as rpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{image_service.env['SEMBED_GRPC_PORT']}") as channel:
+        embed = rpc.EmbedStub(channel).Embed
+        with pytest.raises(grpc.RpcError) as refused:
+            embed(pb.EmbedRequest(inputs="hello"), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        answer = embed(pb.EmbedRequest(inputs="hello"), metadata=[("authorization", "Bearer test-key")], timeout=30)
+        assert list(answer.embeddings) == pytest.approx(embedded.json()[0], abs=1e-6)
 
 
 def test_a_key_file_that_is_named_but_missing_stops_the_start_closed(tmp_path):
