@@ -164,6 +164,8 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
                 # again; its latency runs from the first send
                 retries[0] += 1
                 await asyncio.sleep(conns[i].retry_after)
+                conns[i].close()  # on a fresh connection: the server may close one idle that long (keep-alive)
+                conns[i] = await Connection(port).open()
             answers.append((sent, time.perf_counter(), status))
             answered += status == 200
             if status != 200 and not first_error:
