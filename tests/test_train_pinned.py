@@ -3,9 +3,10 @@
 Each run is tiny (the 2-layer BERT of conftest, batches of 8, 5 steps crossing an epoch boundary, an evaluation
 every 2 steps) and covers one path of the loop: the plain step, warm-up with fp16's GradScaler, GradCache, a
 pooling override (step 0 is not the base as saved, which selection scores too), a frozen encoder (CLSR) and
-InfoCSE's stage 1 before its stage 2. A change to the batch order, the RNG streams, the schedule, clipping,
-loss scaling or what runs between steps moves these values far beyond the tolerance, which only absorbs float
-rounding that differs between CPUs.
+InfoCSE's stage 1 before its stage 2 (with the encoder frozen in stage 1, and trained in micro-batches of 3, 3
+and 2; both recorded from the loop before the refactor too). A change to the batch order, the RNG streams, the
+schedule, clipping, loss scaling or what runs between steps moves these values far beyond the tolerance, which
+only absorbs float rounding that differs between CPUs.
 """
 
 from __future__ import annotations
