@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import machine
-from benchmarks.machine import process_tree
+from benchmarks.machine import cpu_seconds, process_tree
 from benchmarks.serving import make_texts
 from service.engine.backends.cpu import cpu_flags
 
-TICKS = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
 TARGET_SINGLE_US, TARGET_JSON_US, TARGET_BASE64_US = 300, 25, 15
 TARGET_SHARE, TARGET_RSS_MB = 0.60, 150
@@ -110,18 +109,6 @@ def short_texts(tokenizer, data_dir: Path, n: int = 2048) -> list[str]:
 
 
 # --- the service's processes ---------------------------------------------------------------------
-def cpu_seconds(pids) -> dict[int, float]:
-    """utime + stime of each process (all its threads), seconds; a process gone meanwhile is left out."""
-    out = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5)
-    return out
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -35,6 +35,21 @@ def finish(checks: list[tuple[str, bool]], results: dict, out: Path | None) -> i
     return 0 if all(ok for _, ok in checks) else 1
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids) -> dict[int, float]:
+    """utime + stime of each process (all its threads), seconds; a process gone meanwhile is left out."""
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5)
+    return out
+
+
 def process_tree(root: int) -> dict[int, str]:
     """pid → title of `root` and every process under it (ppid links from /proc, as `ps` reads them)."""
     parents: dict[int, list[int]] = {}

@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.frontend import cpu_seconds, free_port
-from benchmarks.machine import process_tree
+from benchmarks.frontend import free_port
+from benchmarks.machine import cpu_seconds, process_tree
 from benchmarks.serving import make_texts
 
 REPO = Path(__file__).resolve().parent.parent

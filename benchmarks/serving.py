@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.machine import process_tree
+from benchmarks.machine import cpu_seconds, process_tree
 from service.engine.backends.cpu import int8_variant
 from service.settings import MEMORY_ONLY
 
@@ -76,8 +76,10 @@ def make_texts(tokenizer, data_dir: Path, n_short: int, n_long: int) -> tuple[li
     return short, long
 
 
-def cache_pool(data_dir: Path) -> list[str]:
-    """Distinct real sentences (or generated ones without the data folder), in a fixed order."""
+def cache_pool(data_dir: Path, tokenizer) -> list[str]:
+    """Distinct real sentences of 10–14 tokens, as the short texts (or generated ones without the data folder), in a
+    fixed order: texts of one length, so that half the texts repeating is half the tokens repeating too, whichever
+    texts the Zipf draws make the frequent ones."""
     corpus = data_dir / "corpus" / "wordnet-sentences.txt"
     if corpus.is_file():
         lines = corpus.read_text().splitlines()
@@ -85,8 +87,9 @@ def cache_pool(data_dir: Path) -> list[str]:
         rng = random.Random(1)
         vocab = ("the a man woman dog cat plays runs eats reads near under over quickly slowly old young "
                  "river city guitar book green small large music morning night street house").split()
-        lines = [" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 20))) + "." for _ in range(60000)]
-    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+        lines = [" ".join(rng.choice(vocab) for _ in range(rng.randint(8, 12))) + "." for _ in range(60000)]
+    lines = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+    return [text for text, e in zip(lines, tokenizer.encode_batch(lines)) if 10 <= len(e.ids) <= 14]
 
 
 def zipf_ranks(n: int, repeats: float = 0.5, seed: int = 0) -> list[int]:
@@ -272,7 +275,6 @@ def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[st
     without ("no cache"), which goes first alternating. Per workload and service: texts per second (the best round,
     and each round's cache / no cache back to back) and the server's CPU seconds per text (all its processes, all
     rounds); the load average."""
-    from benchmarks.frontend import cpu_seconds  # frontend imports this module
 
     ranks = zipf_ranks(n)
     distinct = max(ranks) + 1
@@ -456,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                 a, b = contenders["onnxruntime"](texts[:256]), contenders["onnxruntime int8"](texts[:256])
                 best[name]["int8_mean_cosine"] = float((a * b).sum(axis=1).mean())
         results["batch"] = best
-        results["cache"] = cache_bench({"no cache": services["service"], "cache": cached}, cache_pool(args.data_dir),
-                                       args.cache_texts, args.rounds)
+        results["cache"] = cache_bench({"no cache": services["service"], "cache": cached},
+                                       cache_pool(args.data_dir, tokenizer), args.cache_texts, args.rounds)
         contenders.clear()
         for c in CONCURRENCY[:-1]:
             results["singles"][c] = asyncio.run(http_singles(port, short, c, max(args.requests, 4 * c)))
@@ -495,12 +497,17 @@ def stop(services: dict[str, tuple[subprocess.Popen, int]]) -> None:
 
 def cache_only(args) -> int:
     """`--cache-only`: the cache's workload against two fresh services, one with the cache and one without."""
+    from tokenizers import Tokenizer
+
     print(cpu_line(), flush=True)
+    tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    pool = cache_pool(args.data_dir, tokenizer)
     services = {"no cache": start_service(args.model_dir),
                 "cache": start_service(args.model_dir, cache_mb=args.cache_mb)}
     try:
         results = {"cpu": cpu_line(),
-                   "cache": cache_bench(services, cache_pool(args.data_dir), args.cache_texts, args.rounds)}
+                   "cache": cache_bench(services, pool, args.cache_texts, args.rounds)}
     finally:
         stop(services)
     report_cache(results["cache"])
