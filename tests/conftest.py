@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,26 +107,53 @@ def default_export(tmp_path_factory) -> Path:
     return out
 
 
+def wait_until(predicate, timeout: float = 30, what: str | Callable[[], str] = "the condition",
+               interval: float = 0.02):
+    """Until `predicate()` is truthy (returned); an AssertionError naming `what` (a string, or a function giving one,
+    e.g. a log's tail) at the deadline. The one synchronous polling loop of the tests: they wait on a condition
+    (a counter, a status, a file), never for a fixed while. A predicate that raises fails at once."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
+        # polling: the conditions awaited (another thread's or process's state) offer no event to block on
+        time.sleep(interval)
+    return value
+
+
+async def until(predicate, timeout: float = 30, what: str = "the condition", interval: float = 0.005):
+    """`wait_until` inside an event loop: yields to the loop between polls, so the tasks that make the predicate
+    true keep running."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        # polling: the engine's counters and queue lengths have no event to await; a short sleep lets the loop run
+        await asyncio.sleep(interval)
+    return value
+
+
 def wait_ready(url: str, proc=None, log: Path | None = None, timeout: float = 60) -> None:
     """Until `url`/readyz answers 200; fails at once if `proc` (a Popen) exited, and at the deadline, with the
     tail of `log` when given."""
-    import time
-
     import httpx
 
     def tail() -> str:
         return log.read_text()[-3000:] if log is not None and log.exists() else ""
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert proc is None or proc.poll() is None, f"the service exited\n{tail()}"
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"the service was not ready in {timeout:g} s\n{tail()}")
+            return False
+
+    wait_until(ready, timeout, what=lambda: f"{url}/readyz to answer 200\n{tail()}", interval=0.05)
 
 
 def free_port() -> int:
@@ -194,14 +222,13 @@ class LiveServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
-        import time
-
         self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the service did not start")
-            time.sleep(0.05)
+
+        def started() -> bool:
+            assert self.thread.is_alive(), "the service's thread ended before it started"
+            return self.server.started
+
+        wait_until(started, 60, what="the service to start")
         return self
 
     def __exit__(self, *exc):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from service.ipc.messages import (
     Overloaded,
     QueueDeadline,
 )
+from tests.conftest import until
 
 
 def words(n: int, tag: str = "w") -> str:
@@ -49,17 +51,9 @@ def alone(backend: FakeBackend, text: str) -> np.ndarray:
     return backend.run(batch, padded_length(batch.tokens, backend.pad_to_multiple_of))[0][0]
 
 
-async def queued(engine) -> None:
-    """Every request started so far has been tokenised and queued (or refused)."""
-    await asyncio.sleep(0.02)
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.005)):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached")
+async def queued(engine, rows: int) -> None:
+    """Every request started so far, `rows` texts in all, has been tokenised and queued (its rows hold permits)."""
+    await until(lambda: engine.in_flight == rows, what=f"{rows} rows queued (in flight: {engine.in_flight})")
 
 
 def test_concurrent_requests_get_their_own_rows_bit_for_bit():
@@ -71,7 +65,7 @@ def test_concurrent_requests_get_their_own_rows_bit_for_bit():
     async def run():
         backend.gate.clear()
         tasks = [asyncio.ensure_future(engine.embed(texts)) for texts in requests]
-        await queued(engine)
+        await queued(engine, sum(map(len, requests)))
         backend.gate.set()
         return await asyncio.gather(*tasks)
 
@@ -92,7 +86,7 @@ def test_passes_keep_the_token_budget_the_row_cap_and_similar_lengths():
     async def run():
         backend.gate.clear()
         tasks = [asyncio.ensure_future(engine.embed([words(n, f"x{i}")])) for i, n in enumerate(lengths)]
-        await queued(engine)
+        await queued(engine, len(lengths))
         backend.gate.set()
         await asyncio.gather(*tasks)
 
@@ -117,7 +111,7 @@ def test_with_row_buckets_the_budget_bounds_the_padded_rows():
     async def run():
         backend.gate.clear()
         tasks = [asyncio.ensure_future(engine.embed(texts[i:i + 37])) for i in range(0, len(texts), 37)]
-        await queued(engine)
+        await queued(engine, len(texts))
         backend.gate.set()
         return await asyncio.gather(*tasks)
 
@@ -149,7 +143,7 @@ def test_a_small_request_is_not_starved_by_a_huge_one():
         big_task = asyncio.ensure_future(engine.embed(big))
         await until(backend.at_gate.is_set)  # its first pass is taken, and held at the gate
         small_task = asyncio.ensure_future(engine.embed(["just one"]))
-        await queued(engine)
+        await queued(engine, len(big) + 1)
         backend.gate.set()
         await big_task
         return await small_task
@@ -174,7 +168,7 @@ def test_no_permit_means_an_immediate_overloaded():
         with pytest.raises(InvalidInput, match="holds at most 4"):  # never, not 'later'
             await engine.embed(["x"] * 5)
         fits = asyncio.ensure_future(engine.embed(["f"]))
-        await asyncio.sleep(0.01)
+        await queued(engine, 4)
         backend.gate.set()
         await asyncio.gather(held, fits)
         assert engine.in_flight == 0  # permits come back
@@ -191,7 +185,10 @@ def test_rows_past_their_deadline_never_reach_the_model():
         first = asyncio.ensure_future(engine.embed(["first"]))
         await until(lambda: engine.queue.queued_rows() == 0 and engine.in_flight == 1)
         late = asyncio.ensure_future(engine.embed(["late one", "late two"]))
-        await asyncio.sleep(0.15)
+        await queued(engine, 3)
+        # their deadline (0.05 s after they were queued, which was before now) passes while "first" holds the model
+        passed = time.monotonic() + 0.05
+        await until(lambda: time.monotonic() > passed, what="the late rows' deadline to pass")
         backend.gate.set()
         await first
         with pytest.raises(QueueDeadline):
@@ -211,7 +208,7 @@ def test_a_caller_that_leaves_takes_its_rows_out_of_the_queue():
         blocker = asyncio.ensure_future(engine.embed(["blocker"]))
         await until(lambda: engine.in_flight == 1 and engine.queue.queued_rows() == 0)
         abandoned = [asyncio.ensure_future(engine.embed([words(5, f"a{i}{j}") for j in range(8)])) for i in range(5)]
-        await queued(engine)
+        await queued(engine, 41)
         for task in abandoned:
             task.cancel()
         await asyncio.gather(*abandoned, return_exceptions=True)
@@ -233,7 +230,7 @@ def test_a_failing_input_fails_only_its_own_request():
         backend.gate.clear()
         good = [asyncio.ensure_future(engine.embed([t])) for t in texts]
         bad = asyncio.ensure_future(engine.embed(["this one will FAIL", "with a fine neighbour"]))
-        await queued(engine)
+        await queued(engine, len(texts) + 2)
         backend.gate.set()
         with pytest.raises(InferenceFailed):
             await bad
@@ -282,11 +279,12 @@ def test_admission_refuses_by_expected_wait_so_small_requests_still_get_in():
     async def run():
         backend.gate.clear()
         big = [asyncio.ensure_future(engine.embed([words(8, f"b{i}{j}") for j in range(4)])) for i in range(2)]
-        await queued(engine)  # 4 rows (40 tokens) in the pass held at the gate, 40 more queued behind it
+        await queued(engine, 8)
+        await until(backend.at_gate.is_set)  # 4 rows (40 tokens) in the pass held at the gate, 40 more queued behind it
         with pytest.raises(Overloaded, match="would wait about 0.8 s") as refused:
             await engine.embed([words(8, f"c{j}") for j in range(4)])  # 40 ahead of it + 40 running: 0.8 s
         small = asyncio.ensure_future(engine.embed(["one"]))  # 3 of those queued + 40 running: 0.43 s, admitted
-        await queued(engine)
+        await queued(engine, 9)
         backend.gate.set()
         return refused.value, await small, await asyncio.gather(*big)
 
@@ -370,9 +368,9 @@ def test_large_requests_take_turns_pass_by_pass_and_a_single_still_makes_the_nex
         backend.gate.clear()
         tasks = [asyncio.ensure_future(engine.embed(texts)) for texts in big.values()]
         await until(backend.at_gate.is_set)  # a's first pass is taken, and held at the gate
-        await queued(engine)
+        await queued(engine, 32)
         single = asyncio.ensure_future(engine.embed(["just one"]))
-        await queued(engine)
+        await queued(engine, 33)
         backend.gate.set()
         return await asyncio.gather(*tasks, single)
 
@@ -395,7 +393,7 @@ def test_requests_sharing_a_pass_keep_the_vectors_they_asked_for():
         blocker = asyncio.ensure_future(engine.embed(["blocker"]))
         await until(backend.at_gate.is_set)  # its pass holds the model: the two below queue together
         tasks = [asyncio.ensure_future(engine.embed(texts, normalize=flag)) for flag in (True, False)]
-        await queued(engine)
+        await queued(engine, 7)
         backend.gate.set()
         await blocker
         return await asyncio.gather(*tasks)
