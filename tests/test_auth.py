@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import httpx
 import pytest
@@ -13,7 +12,7 @@ from service.api.registry import ModelRegistry
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine
 from service.settings import Settings
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +70,12 @@ def test_cors_preflight_for_allowed_origins_only(secured):
 def test_each_request_is_one_json_access_line(secured, caplog):
     with caplog.at_level(logging.INFO, logger="sembed.access"), httpx.Client(base_url=secured.url) as c:
         c.post("/embed", json={"inputs": "x"}, headers={"authorization": "Bearer key-one", "x-request-id": "trace-7"})
-        for _ in range(100):  # the line is written just after the answer is sent
+
+        def logged():  # the line is written just after the answer is sent
             lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "sembed.access"]
-            if any(item["request_id"] == "trace-7" for item in lines):
-                break
-            time.sleep(0.02)
-    line = next(item for item in lines if item["request_id"] == "trace-7")
+            return next((item for item in lines if item["request_id"] == "trace-7"), None)
+
+        line = wait_until(logged, 10, what="the access line of request trace-7")
     assert line["status"] == 200 and line["route"] == "/embed" and line["method"] == "POST" and line["ms"] > 0
 
 

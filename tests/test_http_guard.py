@@ -4,6 +4,7 @@ vanishing clients, overload, failures, and each API family's error body."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 
@@ -14,7 +15,7 @@ from service.api.registry import ModelRegistry
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine, EngineConfig
 from service.settings import Settings
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, until, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +23,13 @@ def fake():
     backend = FakeBackend(name="fake-a", max_seq_length=32)
     other = FakeBackend(name="fake-b", dimension=4)
     registry = ModelRegistry()
-    registry.add_in_process("fake-a", Engine(backend, EngineConfig.from_settings(max_queued_inputs=8)))
+    engine = Engine(backend, EngineConfig.from_settings(max_queued_inputs=8))
+    registry.add_in_process("fake-a", engine)
     registry.add_in_process("fake-b", Engine(other))
     settings = Settings(backend="fake", max_request_bytes=4096, body_timeout_s=0.5, header_timeout_s=0.5,
                         max_client_batch_size=16)
     with LiveServer(settings, registry) as server:
-        server.backend = backend
+        server.backend, server.engine = backend, engine
         yield server
 
 
@@ -120,6 +122,8 @@ def test_a_body_that_never_finishes_gets_408(fake):
     reply = raw_request(fake.url, b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                   b"Content-Length: 100\r\n\r\n{\"inputs\": ")
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive" in reply
+    # a timeout contract: the 408 comes at the 0.5 s body deadline, not when the client gives up; 5 s is 10x the
+    # deadline, room for a loaded machine
     assert time.monotonic() - start < 5
 
 
@@ -127,29 +131,41 @@ def test_headers_that_never_finish_get_408_and_the_connection_closes(fake):
     start = time.monotonic()
     reply = raw_request(fake.url, b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
     assert reply.startswith(b"HTTP/1.1 408") and b"headers too slow" in reply
-    assert time.monotonic() - start < 5
-    # a healthy keep-alive connection is not cut between its requests by the header deadline
+    assert time.monotonic() - start < 5  # a timeout contract, as the body's 408 above
+    # a healthy keep-alive connection is not cut between its requests by the header deadline: it lives past it
     with httpx.Client(base_url=fake.url) as c:
-        for _ in range(3):
+        opened = time.monotonic()
+        assert c.post("/embed", json={"inputs": "x"}).status_code == 200
+        # the condition is time itself: the connection has been open longer than the 0.5 s header deadline
+        wait_until(lambda: time.monotonic() > opened + 0.6, what="the connection to outlive the header deadline")
+        for _ in range(2):
             assert c.post("/embed", json={"inputs": "x"}).status_code == 200
-            time.sleep(0.3)
+
+
+def departed(client) -> float:
+    """The /embed requests counted 499 (the client left) so far."""
+    found = re.search(r'sembed_requests_total\{route="/embed",status="499"\} (\S+)', client.get("/metrics").text)
+    return float(found.group(1)) if found else 0.0
 
 
 def test_clients_that_disconnect_take_their_texts_with_them(fake, client):
     backend = fake.backend
     backend.gate.clear()
+    backend.at_gate.clear()  # set by an earlier test's pass: here it tells that the blocker's pass holds the model
     before = sum(map(len, backend.passes))
+    gone = departed(client)
     blocker = []
 
     async def hold():  # one request holds the model, then 6 clients queue 2 texts each and hang up
         async with httpx.AsyncClient(base_url=fake.url, timeout=10) as c:
             task = asyncio.ensure_future(c.post("/embed", json={"inputs": ["blocker"]}))
-            await asyncio.sleep(0.2)
+            await until(backend.at_gate.is_set, what="the blocker's pass to hold the model")
             for i in range(6):
                 body = f'{{"inputs": ["gone {i} a", "gone {i} b"]}}'.encode()
                 raw_request(fake.url, b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body), read=False)
-            await asyncio.sleep(0.3)
+            # each departure is seen (its request cancelled, counted 499) while the model is still held
+            await until(lambda: departed(client) == gone + 6, what="6 requests counted 499")
             backend.gate.set()
             blocker.append(await task)
 
@@ -167,19 +183,19 @@ def test_overload_is_an_immediate_429_with_retry_after(fake, client):
     async def flood():
         async with httpx.AsyncClient(base_url=fake.url, timeout=10) as c:
             held = [asyncio.ensure_future(c.post("/embed", json={"inputs": ["a", "b", "c", "d"]})) for _ in range(2)]
-            await asyncio.sleep(0.3)  # 8 of 8 permits taken
-            start = time.monotonic()
+            await until(lambda: fake.engine.in_flight == 8, what="8 of 8 permits taken")
             rejected = await c.post("/embed", json={"inputs": ["one more"]})
             openai = await c.post("/v1/embeddings", json={"input": "one more", "model": "fake-a"})
-            elapsed = time.monotonic() - start
+            # answered at once, not after the queue drains: the model is still held at the gate, nothing has run
+            waiting = not any(task.done() for task in held) and fake.engine.in_flight == 8
             fake.backend.gate.set()
-            return rejected, openai, elapsed, await asyncio.gather(*held)
+            return rejected, openai, waiting, await asyncio.gather(*held)
 
-    rejected, openai, elapsed, held = asyncio.run(flood())
+    rejected, openai, waiting, held = asyncio.run(flood())
     assert rejected.status_code == 429 and rejected.headers["retry-after"] == "1"
     assert rejected.json()["error_type"] == "Overloaded"
     assert openai.status_code == 429 and openai.json()["error"]["type"] == "rate_limit_error"
-    assert elapsed < 1.0  # answered at once, not after the queue drains
+    assert waiting
     assert [r.status_code for r in held] == [200, 200]
 
 
@@ -247,13 +263,20 @@ def test_sigterm_fails_readiness_then_drains_in_flight_requests():
     in_flight = threading.Thread(target=lambda: answers.append(httpx.post(f"{server.url}/embed",
                                                                            json={"inputs": "slow"}, timeout=20)))
     in_flight.start()
-    time.sleep(0.2)
+    wait_until(backend.at_gate.is_set, 10, what="the request to reach the model")
     server.server.handle_exit(signal.SIGTERM, None)
     ready = httpx.get(f"{server.url}/readyz")
     assert ready.status_code == 503 and ready.json()["error"] == "shutting down"
-    time.sleep(1.0)  # past the drain delay: uvicorn has stopped accepting, the request still waits
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{server.url}/healthz", timeout=2)
+
+    def refused() -> bool:
+        try:
+            httpx.get(f"{server.url}/healthz", timeout=2)
+        except httpx.ConnectError:
+            return True
+        return False
+
+    wait_until(refused, 10, what="uvicorn to stop accepting after the drain delay")
+    assert in_flight.is_alive() and not answers  # the request still waits
     backend.gate.set()
     in_flight.join(timeout=10)
     server.thread.join(timeout=10)
