@@ -10,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -120,17 +119,7 @@ def image_service(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, *cmd[1:]], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     proc.url, proc.env, proc.healthcheck, proc.tmp = f"http://127.0.0.1:{port}", env, healthcheck, tmp
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp / "service.log").read_text()
-            try:
-                if httpx.get(proc.url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("not ready in time:\n" + (tmp / "service.log").read_text())
+        wait_ready(proc.url, proc, tmp / "service.log", timeout=90)
         yield proc
     finally:
         proc.terminate()
