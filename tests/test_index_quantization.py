@@ -410,3 +410,16 @@ def test_milvus_refuses_binary_and_quantized_ivf_by_name(milvus):
     with pytest.raises(InvalidRequest, match="applies to Flat and HNSW<M>"):
         milvus.create_collection(CollectionSpec("ivf", DIM, "IVF8,SQ8", quantization="int8"))
     assert not [c.name for c in milvus.list_collections() if c.name in ("binary", "odd", "ivf")]
+
+
+def test_the_settings_reach_the_index(tmp_path):
+    from service.index import open_configured
+    from service.settings import Settings
+
+    index = open_configured(Settings(index_path=tmp_path, index_oversample=3, index_float_vectors="disk"))
+    try:
+        index.create_collection(CollectionSpec("c", DIM, "Flat", quantization="int8"))
+        assert index._collections["c"].vectors.oversample == 3
+        assert len(list((tmp_path / "floats").glob("*.f32"))) == 1
+    finally:
+        index.close()
