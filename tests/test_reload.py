@@ -11,7 +11,7 @@ from service.api.registry import ModelRegistry
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine
 from service.settings import Settings
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, until, wait_until
 
 ADMIN = {"authorization": "Bearer admin-key"}
 
@@ -40,9 +40,10 @@ def test_reload_switches_models_with_zero_failed_requests(server):
                     statuses.append(r.status_code)
 
             clients = [asyncio.ensure_future(client(i)) for i in range(8)]
-            await asyncio.sleep(0.5)
+            await until(lambda: len(statuses) >= 16, what="the load to be answered")  # the switch comes amid load
             reloaded = await c.post("/admin/models/main/reload", json={"export": "v2"}, headers=ADMIN)
-            await asyncio.sleep(0.5)
+            switched = len(statuses)
+            await until(lambda: len(statuses) >= switched + 16, what="the load to be answered after the switch")
             stop.set()
             await asyncio.gather(*clients)
             return reloaded, statuses, (await c.get("/info")).json()
@@ -52,11 +53,7 @@ def test_reload_switches_models_with_zero_failed_requests(server):
     assert reloaded.json()["serving"] == "v2" and reloaded.json()["previous"] == "v1"
     assert len(statuses) > 20 and set(statuses) == {200}  # not one request failed across the switch
     assert info["model_id"] == "v2" and server.registry.get("main") is not old
-    for _ in range(100):  # the old engine stops once its last requests are answered
-        if not old.ready:
-            break
-        asyncio.run(asyncio.sleep(0.05))
-    assert not old.ready
+    wait_until(lambda: not old.ready, 10, what="the old engine to stop once its last requests are answered")
 
 
 def test_reload_needs_the_admin_key_and_a_name_under_the_root(server):
