@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -30,7 +29,7 @@ import pytest
 
 from service.api.grpc import tei_pb2 as pb
 from service.api.grpc import tei_pb2_grpc as rpc
-from tests.conftest import REPO, ServiceProcess, free_port
+from tests.conftest import REPO, ServiceProcess, free_port, wait_until
 from tests.test_clients import CLASSIFIER, RERANKER, pair_scorers  # noqa: F401 - a fixture, used by name
 from tests.test_prompts import prompted_export  # noqa: F401 - a fixture, used by name
 
@@ -164,10 +163,9 @@ def test_every_api_process_serves_the_port(live, channel):
     from benchmarks.machine import process_tree
 
     api = {pid for pid, title in process_tree(live.proc.pid).items() if title.startswith("sembed: api ")}
-    deadline = time.monotonic() + 60  # ready is one process's /readyz: the other may still be starting
-    while listeners(live.port) != api and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(api) == 2 and listeners(live.port) == api
+    assert len(api) == 2
+    # ready is one process's /readyz: the other may still be starting
+    wait_until(lambda: listeners(live.port) == api, 60, what=f"both API processes {api} to listen on the gRPC port")
     expected = np.asarray(http(live, "/embed", {"inputs": TEXTS[0]})[0], dtype=np.float32)
     for _ in range(8):  # a connection each: whichever process takes it answers the same
         with grpc.insecure_channel(live.target, options=[("grpc.use_local_subchannel_pool", 1)]) as fresh:

@@ -13,7 +13,7 @@ from service.api.registry import ModelRegistry
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine
 from service.settings import Settings
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, until
 
 ADMIN = {"authorization": "Bearer admin-key"}
 
@@ -186,10 +186,12 @@ def test_reload_with_reembed_keeps_search_answering(tmp_path):
                         statuses.append(r.status_code)
 
                 tasks = [asyncio.ensure_future(searcher()) for _ in range(4)]
-                await asyncio.sleep(0.3)
+                # the reload comes amid answered searches
+                await until(lambda: len(statuses) >= 8, what="the searches to be answered")
                 reloaded = await c.post("/admin/models/main/reload", json={"export": "v2", "reembed": True},
                                         headers=ADMIN)
-                await asyncio.sleep(0.3)
+                switched = len(statuses)
+                await until(lambda: len(statuses) >= switched + 8, what="searches answered after the reload")
                 stop.set()
                 await asyncio.gather(*tasks)
                 return reloaded, statuses, (await c.get("/collections/default")).json()
