@@ -31,7 +31,7 @@ import pytest
 
 from service.index import CollectionSpec, Document, LocalIndex, ModelStamp, NotDurable
 from service.index.wal import HEADER, MAGIC, CorruptLog, WriteAheadLog, _records
-from tests.conftest import free_port, wait_ready
+from tests.conftest import free_port, wait_ready, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DIM = 4
@@ -258,16 +258,20 @@ def test_a_failed_fsync_fails_the_write_applies_nothing_and_stops_writes(tmp_pat
 def test_every_writer_of_a_group_whose_fsync_fails_gets_503(tmp_path, monkeypatch):
     index = seeded(tmp_path)
     before = state(index)
-    entered = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def slow_failing(fd):
         entered.set()
-        time.sleep(0.3)  # the others queue up meanwhile and form the next group
+        release.wait(30)  # held until the others have queued up: they form the next group
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr("service.index.wal.os.fsync", slow_failing)
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(put, index, f"g{i}") for i in range(6)]
+        futures = [pool.submit(put, index, "g0")]
+        assert entered.wait(10)  # the committer is in g0's fsync
+        futures += [pool.submit(put, index, f"g{i}") for i in range(1, 6)]
+        wait_until(lambda: index._queue.qsize() == 5, 10, what="the other 5 writes queued behind the fsync")
+        release.set()
         errors = [f.exception(timeout=30) for f in futures]
     assert all(isinstance(e, NotDurable) and e.status == 503 for e in errors), errors
     assert state(index) == before
@@ -314,7 +318,7 @@ def test_a_full_or_read_only_disk_refuses_the_write_and_cuts_it_back(tmp_path, m
 def test_a_full_disk_in_the_middle_of_a_group_fails_only_that_write(tmp_path, monkeypatch):
     index = seeded(tmp_path)
     real_write, real_fsync = os.write, os.fsync
-    first = threading.Event()
+    first, release = threading.Event(), threading.Event()
 
     def write(fd, data):
         if fd == index._wal._fd and b'"bad"' in bytes(data):
@@ -323,15 +327,17 @@ def test_a_full_disk_in_the_middle_of_a_group_fails_only_that_write(tmp_path, mo
 
     def fsync(fd):
         first.set()
-        time.sleep(0.1)
+        release.wait(30)  # held until the next six writes have queued
         real_fsync(fd)
 
     monkeypatch.setattr("service.index.wal.os.write", write)
     monkeypatch.setattr("service.index.wal.os.fsync", fsync)
     with concurrent.futures.ThreadPoolExecutor(7) as pool:
         blocker = pool.submit(put, index, "first")
-        first.wait(10)  # the committer is in an fsync: the next six writes queue and go as one group
+        assert first.wait(10)  # the committer is in an fsync: the next six writes queue and go as one group
         futures = {name: pool.submit(put, index, name) for name in ["p", "q", "bad", "r", "s", "t"]}
+        wait_until(lambda: index._queue.qsize() == 6, 10, what="the six writes queued behind the fsync")
+        release.set()
         blocker.result(timeout=30)
         outcome = {name: f.exception(timeout=30) for name, f in futures.items()}
     assert isinstance(outcome.pop("bad"), NotDurable)
@@ -484,9 +490,9 @@ def test_background_snapshots_while_writers_write(tmp_path, monkeypatch):
         written.append(seq)
         # writers go on while the snapshot is written: it ends only after 20 more acknowledged writes (or
         # the last one), so however fast this disk is, the stream spans several snapshots
-        start, deadline = len(acked), time.monotonic() + 10
-        while len(acked) < start + 20 and not writers_done.is_set() and time.monotonic() < deadline:
-            time.sleep(0.001)
+        start = len(acked)
+        wait_until(lambda: len(acked) >= start + 20 or writers_done.is_set(), 30,
+                   what="20 writes acknowledged while a snapshot is written", interval=0.001)
         return real_write_snapshot(self, seq, captured)
 
     monkeypatch.setattr(LocalIndex, "_write_snapshot", slow_write_snapshot)
@@ -539,7 +545,9 @@ def test_concurrent_writers_share_fsyncs(tmp_path, monkeypatch):
 
     def counting(fd):
         fsyncs.append(fd)
-        time.sleep(0.005)  # a disk's cache flush: writers queue meanwhile
+        # a disk's cache flush takes time, and writers queue meanwhile: a simulated latency, not a barrier (no
+        # event stands for "the disk is slow"; a loaded machine only makes the groups larger)
+        time.sleep(0.005)
         real_fsync(fd)
 
     monkeypatch.setattr("service.index.wal.os.fsync", counting)
@@ -655,6 +663,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
     acked: list[dict[str, str]] = [{} for _ in range(4)]  # id → text, acknowledged and not deleted since
     deleted: list[set[str]] = [set() for _ in range(4)]  # acknowledged deletes
     counts = {"refused": 0, "lost replies": 0}
+    replies: list[int] = []  # one per acknowledged write or delete: the kills land among them
     failures: list[str] = []
 
     def writer(t: int) -> None:
@@ -668,6 +677,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
                         reply = client.delete(f"/index/documents/{doc_id}")
                         if reply.status_code == 200:
                             deleted[t].add(doc_id)
+                            replies.append(t)
                         elif reply.status_code == 404:  # cannot be: it was acknowledged
                             failures.append(f"acknowledged {doc_id} not found by its delete")
                         else:
@@ -679,10 +689,11 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
                     reply = client.post("/index/documents", json={"documents": docs})
                 except httpx.HTTPError:  # killed mid-request: the write may or may not have happened
                     counts["lost replies"] += 1
-                    time.sleep(0.02)
+                    wait_until(lambda: stop.is_set() or answering(), 120, what="the service back after a kill")
                     continue
                 if reply.is_success:
                     acked[t].update((d["id"], d["text"]) for d in docs)
+                    replies.append(t)
                 else:
                     counts["refused"] += 1
 
@@ -702,14 +713,22 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         starts.append(time.monotonic() - began)
         return pid
 
+    def answering() -> bool:
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def gone(pid: int) -> bool:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
     def kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)  # every process of the service at once, the index writer among them
-        while True:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: gone(pid), 30, what=f"process group {pid} to be gone", interval=0.01)
         children.remove(pid)  # gone: its number may be given to another process
 
     writers = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
@@ -719,7 +738,9 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
         for w in writers:
             w.start()
         for _ in range(kills):
-            time.sleep(rng.uniform(0.3, 1.5))
+            # a kill after a random number of acknowledged writes: it lands amid the writers' stream
+            target = len(replies) + rng.randint(5, 60)
+            wait_until(lambda target=target: len(replies) >= target, 60, what=f"{target} writes acknowledged")
             kill(pid)
             pid = start()
         stop.set()
