@@ -12,6 +12,7 @@ import pytest
 from service.index import CollectionSpec, Document, LocalIndex, SearchParams
 from service.index import vectors as vectors_module
 from service.index.vectors import DEFAULT_EF_SEARCH, VectorSet
+from tests.conftest import wait_until
 
 DIM = 32
 
@@ -139,10 +140,7 @@ def test_concurrent_writes_builds_and_reads_see_the_vectors_written(monkeypatch)
         t.start()
     try:
         fill(vs, x, batch=50)
-        for _ in range(200):
-            if vs._covered >= n:
-                break
-            threading.Event().wait(0.05)
+        wait_until(lambda: vs._covered >= n, 60, what=f"the background pass to cover all {n} rows")
     finally:
         done.set()
         for t in readers:
