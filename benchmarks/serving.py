@@ -269,7 +269,8 @@ async def http_stream(port: int, texts: list[str], concurrency: int = CACHE_CLIE
     return len(texts) / elapsed
 
 
-def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[str], n: int, rounds: int) -> dict:
+def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[str], n: int, rounds: int,
+                clients: int = CACHE_CLIENTS) -> dict:
     """The vector cache's workload: each round a Zipf stream of n texts (half of them a text sent before) and n
     texts that never repeat, both new to every service, sent to the service with the cache ("cache") and the one
     without ("no cache"), which goes first alternating. Per workload and service: texts per second (the best round,
@@ -284,13 +285,15 @@ def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[st
     paired: dict[str, list[float]] = {"repeated": [], "unique": []}  # each round's cache / no cache, back to back
     cpu: dict[str, dict[str, float]] = {"repeated": {}, "unique": {}, "all hits": {}}  # seconds, all rounds
     load = [os.getloadavg()[0]]
+    hits: dict[str, list[float]] = {}  # workload → the cache's [hits, misses], all rounds
 
     def run(who: str, workload: str, texts: list[str]) -> float:
         proc, port = services[who]
         pids = process_tree(proc.pid)
-        before = sum(cpu_seconds(pids).values())
-        rate = asyncio.run(http_stream(port, texts))
+        before, counted = sum(cpu_seconds(pids).values()), cache_counts(port)
+        rate = asyncio.run(http_stream(port, texts, clients))
         cpu[workload][who] = cpu[workload].get(who, 0.0) + sum(cpu_seconds(pids).values()) - before
+        hits[workload] = [a + b - c for a, b, c in zip(hits.get(workload, [0, 0]), cache_counts(port), counted)]
         best[workload][who] = max(best[workload].get(who, 0.0), rate)
         return rate
 
@@ -306,11 +309,22 @@ def cache_bench(services: dict[str, tuple[subprocess.Popen, int]], pool: list[st
     per_text = {w: {who: seconds / (n * rounds) for who, seconds in c.items()} for w, c in cpu.items()}
     # On a host this loaded a round's throughput moves by more than the 5% a miss may cost: the server's CPU per
     # text (what a saturated host's throughput is the inverse of) judges, the throughput ratios are shown beside it.
-    return {"texts": n, "repeats": 1 - distinct / n, "rounds": rounds, "batch": BATCH, "clients": CACHE_CLIENTS,
+    return {"texts": n, "repeats": 1 - distinct / n, "rounds": rounds, "batch": BATCH, "clients": clients,
             "rate": best, "paired": paired, "cpu_per_text": per_text,
+            "hit_rate": {w: h / max(1.0, h + m) for w, (h, m) in hits.items()},
             "speedup": per_text["repeated"]["no cache"] / per_text["repeated"]["cache"],
             "miss_cost": per_text["unique"]["cache"] / per_text["unique"]["no cache"] - 1,
             "load_average": {"min": min(load), "max": max(load), "samples": load}}
+
+
+def cache_counts(port: int) -> tuple[float, float]:
+    """The service's sembed_cache_hits_total and sembed_cache_misses_total, summed over its models."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        lines = r.read().decode().splitlines()
+    return tuple(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+                 for name in ("sembed_cache_hits_total", "sembed_cache_misses_total"))  # type: ignore[return-value]
 
 
 def report_cache(c: dict) -> None:
@@ -334,6 +348,8 @@ def report_cache(c: dict) -> None:
                      f"{rate['cache'] / rate['no cache']:>9.3f}x{statistics.median(rounds):>9.3f}x"
                      f"{min(rounds):>7.2f}–{max(rounds):.2f}")
         print(line)
+    print(f"texts the cache answered: {c['hit_rate'].get('repeated', 0):.1%} of the Zipf stream (requests in flight "
+          f"together cannot hit on each other's texts), {c['hit_rate'].get('all hits', 0):.1%} of it sent again")
     print(f"the cache on repeated texts: {c['speedup']:.2f}x the throughput of CPU without it; a miss costs "
           f"{c['miss_cost']:+.1%} of CPU over no cache")
 
@@ -401,9 +417,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="alternating rounds of the side-by-side comparisons (each keeps its best)")
     parser.add_argument("--no-sts", action="store_true", help="skip the 7-task STS of each variant")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
-    parser.add_argument("--cache-texts", type=int, default=512, help="texts per round of the cache's workload")
+    parser.add_argument("--cache-texts", type=int, default=2048,
+                        help="texts per round of the cache's workload (the requests in flight together are a smaller "
+                        "share of more texts: they cannot hit on each other's texts)")
     parser.add_argument("--cache-mb", type=float, default=64, help="SEMBED_CACHE_MB of the service with the cache")
     parser.add_argument("--cache-only", action="store_true", help="run the cache's workload alone")
+    parser.add_argument("--cache-clients", type=int, default=CACHE_CLIENTS, help="clients of the cache's workload")
     args = parser.parse_args(argv)
     if args.cache_only:
         return cache_only(args)
@@ -459,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                 best[name]["int8_mean_cosine"] = float((a * b).sum(axis=1).mean())
         results["batch"] = best
         results["cache"] = cache_bench({"no cache": services["service"], "cache": cached},
-                                       cache_pool(args.data_dir, tokenizer), args.cache_texts, args.rounds)
+                                       cache_pool(args.data_dir, tokenizer), args.cache_texts, args.rounds,
+                                       args.cache_clients)
         contenders.clear()
         for c in CONCURRENCY[:-1]:
             results["singles"][c] = asyncio.run(http_singles(port, short, c, max(args.requests, 4 * c)))
@@ -507,7 +527,7 @@ def cache_only(args) -> int:
                 "cache": start_service(args.model_dir, cache_mb=args.cache_mb)}
     try:
         results = {"cpu": cpu_line(),
-                   "cache": cache_bench(services, pool, args.cache_texts, args.rounds)}
+                   "cache": cache_bench(services, pool, args.cache_texts, args.rounds, args.cache_clients)}
     finally:
         stop(services)
     report_cache(results["cache"])
