@@ -533,8 +533,7 @@ def test_sigterm_drains_open_calls_and_stops_cleanly(keyed):
 
         thread = threading.Thread(target=load)
         thread.start()
-        while not answers:
-            threading.Event().wait(0.01)
+        wait_until(lambda: answers, 30, what="the load's first stream answered")  # SIGTERM comes amid the load
         keyed.proc.send_signal(signal.SIGTERM)
         thread.join(30)
     assert keyed.proc.wait(30) == 0, keyed.log.read_text()[-3000:]
