@@ -286,7 +286,7 @@ class SearchRequest(_Request):
                                                                         "vector(s)")
     k: int = Field(10, ge=1, description="hits per query")
     filter: dict[str, Any] | None = Field(None, description="metadata filter, applied before ranking: "
-                                          "$eq $ne $in $nin $gt $gte $lt $lte $and $or (see the README)")
+                                          "$eq $ne $in $nin $gt $gte $lt $lte $and $or (docs/search-index.md)")
     score_threshold: float | None = Field(None, description="only hits scoring at least this")
     ef_search: int | None = Field(None, ge=1, description="HNSW: candidates explored (>= k; default 128)")
     nprobe: int | None = Field(None, ge=1, description="IVF: lists visited (default 16)")

@@ -220,7 +220,7 @@ def unpack(frame) -> dict[str, Any]:
 
 
 #: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined; larger
-#: buffers go as frames of their own, uncopied. Over pyzmq a frame cost ~4-7 µs of Python each way; over the engine's
+#: buffers go as frames of their own, uncopied. Each frame costs Python work on both sides; over the engine's
 #: socket (service/ipc/stream.py) `python -m benchmarks.micro` measures joined and a frame each alike (RESULTS.md)
 JOIN_BELOW = 65536
 

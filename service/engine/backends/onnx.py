@@ -153,7 +153,7 @@ class OnnxBackend:
                                f"{', '.join(running)}): check the GPU libraries (`make gpu-check`)")
         # The arena keeps the peak of the largest pass for the life of the process: after a pass larger
         # than `arena_keep_tokens` its free chunks go back. Not after every pass: re-faulting the
-        # memory costs a 32×128-token pass about 10% on a 2-core CPU (measured).
+        # memory would slow every large pass (`python -m benchmarks.micro`; RESULTS.md).
         self.arena_keep_tokens = arena_keep_tokens
         self._run_keep = ort.RunOptions()
         self._run_shrink = ort.RunOptions()
