@@ -36,8 +36,10 @@ class Settings(BaseSettings):
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "
                            "the export); fails at start where TensorRT is not installed")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
-    intra_op_spinning: bool = Field(True, description="onnxruntime threads busy-wait within a pass (never "
-                                    "between passes, where HTTP needs the CPU): short passes gain most (RESULTS.md)")
+    # Off by default: under load the API processes share the cores with the engine's threads, and threads that
+    # spin take the CPU the API processes need (RESULTS.md, "Against other servers").
+    intra_op_spinning: bool = Field(False, description="onnxruntime threads busy-wait within a pass (never between "
+                                    "passes): short passes gain a little where the engine has cores to itself")
     # With padded lengths a multiple of this, a text's vector has the same bits whatever batch it
     # shares; 0 measures the smallest such multiple for this CPU at start (see backends/onnx.py).
     pad_to_multiple_of: int = Field(0, ge=0, description="pad every pass to a multiple of this many tokens; 0 = "
