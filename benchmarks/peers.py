@@ -46,7 +46,7 @@ import numpy as np
 from benchmarks import machine
 from benchmarks.frontend import free_port
 from benchmarks.machine import cpu_seconds, process_tree
-from benchmarks.serving import make_texts
+from benchmarks.serving import Connection, make_texts
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = ("sembed", "infinity-onnx", "infinity-torch", "sentence-transformers")
@@ -81,44 +81,6 @@ def phases(short: list[str], long: list[str], batch_concurrency: int) -> list[Ph
     return [Phase("c1", singles, 1, 1), Phase("c64", singles, 1, 64),
             Phase("batch32 short", batches(short), BATCH, batch_concurrency),
             Phase("batch32 long", batches(long), BATCH, batch_concurrency)]
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection: the least client code between the load and the server."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.retry_after: float | None = None  # the last answer's Retry-After, seconds
-
-    async def open(self) -> Connection:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        return self
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        self.writer.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status, length, chunked = int(head[9:12]), 0, False
-        self.retry_after = None
-        for line in head.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.lower() == b"content-length":
-                length = int(value)
-            elif name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
-                chunked = True
-            elif name.lower() == b"retry-after":
-                self.retry_after = float(value)
-        if not chunked:
-            return status, await self.reader.readexactly(length)
-        parts = []
-        while size := int((await self.reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
-            parts.append(await self.reader.readexactly(size))
-            await self.reader.readexactly(2)
-        await self.reader.readuntil(b"\r\n")  # the empty trailer
-        return status, b"".join(parts)
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 @dataclass

@@ -155,10 +155,12 @@ def onnxruntime_encoder(export_dir: Path, graph: str = "model.onnx"):
 
 # --- over HTTP -------------------------------------------------------------------------------------
 class Connection:
-    """One keep-alive HTTP/1.1 connection: the least client code between us and the service."""
+    """One keep-alive HTTP/1.1 connection: the least client code between the load and the server (ours or a peer's,
+    whose answers may come chunked)."""
 
     def __init__(self, port: int):
         self.port = port
+        self.retry_after: float | None = None  # the last answer's Retry-After, seconds
 
     async def open(self) -> Connection:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -168,12 +170,24 @@ class Connection:
         self.writer.write(b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
         head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = 0
+        status, length, chunked = int(head[9:12]), 0, False
+        self.retry_after = None
         for line in head.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        return status, await self.reader.readexactly(length)
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+            elif name.lower() == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif name.lower() == b"retry-after":
+                self.retry_after = float(value)
+        if not chunked:
+            return status, await self.reader.readexactly(length)
+        parts = []
+        while size := int((await self.reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+        await self.reader.readuntil(b"\r\n")  # the empty trailer
+        return status, b"".join(parts)
 
     def close(self) -> None:
         self.writer.close()
