@@ -29,7 +29,7 @@ MATRYOSHKA_DIMENSIONS = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072)
 
 def builtin_sentences() -> list[str]:
     """The texts the export embeds anyway for its variants' quality checks: short sentences and long passages."""
-    return list(dict.fromkeys(quantize.QUALITY_SENTENCES + quantize.QUALITY_LONG_SENTENCES))
+    return list(dict.fromkeys(quantize.quality_sentences() + quantize.quality_long_sentences()))
 
 
 def calibration_texts(data_dir: str | Path | None) -> tuple[list[str], str]:

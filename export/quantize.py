@@ -16,7 +16,9 @@ refuses a variant under `MIN_MEAN_COSINE` on either set or past `MAX_STSB_DROP` 
 
 from __future__ import annotations
 
+import functools
 import logging
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,198 +32,26 @@ FP16_FILE = "model.fp16.onnx"
 MAX_STSB_DROP = 0.5
 #: ... nor one whose mean cosine to fp32 is below this on the short sentences or on the long passages
 MIN_MEAN_COSINE = 0.99
-QUALITY_SENTENCES = [
-    "A man is playing a guitar.", "A woman is slicing an onion.", "Two dogs run across a snowy field.",
-    "The stock market fell sharply after the announcement.", "Heavy rain is expected in the north tomorrow.",
-    "How do I reset my password?", "The committee approved the budget for next year.",
-    "She has been learning to play the violin since she was six years old, and now she performs weekly.",
-    "Quantum computers use qubits.", "Hi", "naïve café déjà-vu", "The cat sat on the mat.",
-]
-#: 32 long texts, since int8 loses more on long texts than on short ones: 16 prose passages of 92-114 tokens,
-#: then 16 texts of 124-133 tokens joined from unrelated short sentences, as `benchmarks/serving.py` joins WordNet
-#: glosses into its long texts. On the default model int8's mean cosine to fp32 on this set tracks the one on 256
-#: of the benchmark's long texts: 0.9892 vs 0.9879 with onnxruntime's default quantisation (refused), 0.9925 vs
-#: 0.9917 with `build_int8`'s.
-QUALITY_LONG_SENTENCES = [
-    "The city council met on Tuesday evening to discuss the proposed expansion of the northern bus network. "
-    "Residents of the outer districts argued that the current timetable leaves them waiting for up to forty minutes "
-    "during the morning rush, while shop owners in the centre worried that new routes would take customers away "
-    "from the high street. After three hours of debate the council agreed to run a six month trial on two lines, "
-    "with a public review of passenger numbers, journey times and costs before any permanent decision is made.",
-    "To make a simple tomato sauce, warm a generous splash of olive oil in a wide pan over a low heat and add two "
-    "cloves of thinly sliced garlic. Let them soften without browning, then tip in a tin of whole plum tomatoes "
-    "and crush them with the back of a wooden spoon. Season with salt, a pinch of sugar and a few torn basil "
-    "leaves, and leave it to simmer gently for about twenty minutes, stirring now and then, until the sauce has "
-    "thickened and the oil begins to separate at the edges of the pan.",
-    "When the service starts it loads the exported graph, checks its checksum against the manifest and runs a few "
-    "fixed sentences through the model to compare them with the vectors recorded at export time. Only when those "
-    "checks pass does the readiness probe report success, so a load balancer never sends traffic to an instance "
-    "with a corrupted file or a mismatched tokenizer. Requests that arrive while the model is still warming up "
-    "receive a clear error with a retry hint instead of hanging until the client gives up.",
-    "My grandmother grew up on a small farm at the edge of the valley, where the winters were long and the roads "
-    "were often closed by snow for weeks at a time. She used to tell us how the whole family would gather in the "
-    "kitchen, the only warm room in the house, to mend clothes, read aloud from the few books they owned and "
-    "listen to the radio when the battery allowed it. She said those evenings taught her patience, and that she "
-    "never again took a warm room or a full larder for granted.",
-    "The study followed two thousand adults over ten years to examine the relationship between regular physical "
-    "activity and memory in later life. Participants who walked briskly for at least thirty minutes on most days "
-    "showed a noticeably slower decline on standard recall tests than those who were mostly inactive, even after "
-    "the researchers accounted for age, education, diet and existing health conditions. The authors caution that "
-    "the design cannot prove cause and effect, and they call for randomised trials to confirm the finding.",
-    "Before you replace the battery, switch the device off completely and disconnect it from the charger. Remove "
-    "the four small screws on the back cover with a precision screwdriver, keeping them somewhere safe, and lift "
-    "the cover gently from the bottom edge. Unplug the battery connector by pulling on its tab rather than on the "
-    "wires, take out the old battery and insert the new one the same way round. Reconnect it, close the cover, "
-    "tighten the screws and charge the device fully before using it again.",
-    "The tenant shall keep the premises in good and clean condition throughout the term of this agreement and "
-    "shall not make any structural alterations without the prior written consent of the landlord, which shall "
-    "not be unreasonably withheld. The landlord shall be responsible for repairs to the roof, the external walls "
-    "and the main drainage, provided that the tenant reports any defect promptly in writing. Either party may end "
-    "this agreement by giving the other not less than two months notice in writing.",
-    "The home side started brightly and took the lead after only six minutes, when their captain curled a free "
-    "kick over the wall and into the top corner. The visitors struggled to keep possession for most of the first "
-    "half, but they came out transformed after the break and equalised with a header from a corner. Both teams had "
-    "chances to win it in a frantic final ten minutes, yet the goalkeepers were equal to everything, and the "
-    "match ended level, leaving both sides just outside the promotion places.",
-    "Photosynthesis takes place mainly in the leaves of green plants, inside small structures called chloroplasts "
-    "that contain the pigment chlorophyll. Light energy absorbed by the chlorophyll is used to split water "
-    "molecules, releasing oxygen as a by product, while the hydrogen and the captured energy are used to turn "
-    "carbon dioxide from the air into sugars. These sugars feed the growth of the plant and, through the food "
-    "chain, provide almost all of the energy used by animals, including the people who eat them.",
-    "Hi team, just a quick update on the release. The last two blocking bugs were fixed yesterday afternoon and "
-    "the nightly build passed all of the integration tests, so we are on track to ship on Thursday as planned. "
-    "Could everyone please check that the release notes describe their changes correctly and flag anything "
-    "missing by Wednesday noon? Support will need the final list of known issues before then as well. Thanks for "
-    "all the hard work over the last few weeks, it really shows.",
-    "The old lighthouse stood on a rocky point at the mouth of the harbour, its white tower streaked with rust "
-    "and salt. For more than a century its keepers had climbed the spiral stairs each evening to light the lamp, "
-    "wind the clockwork that turned the lens and keep watch over the ships passing through the narrow channel. "
-    "Today the light is automatic and the keepers are long gone, but visitors can still climb to the gallery and "
-    "look out across the water on a clear summer afternoon.",
-    "Inflation slowed for the third month in a row in September, helped by lower energy prices and a stronger "
-    "currency that made imported goods cheaper. Food prices, however, continued to rise faster than wages, and "
-    "economists warned that households on low incomes would feel little relief before the spring. The central "
-    "bank is expected to keep interest rates unchanged at its next meeting, although several board members have "
-    "signalled that a cut could come early next year if the trend continues.",
-    "If your application cannot connect to the database, first check that the server is running and that the "
-    "host name and port in the configuration file are correct. Next, make sure the firewall allows traffic on "
-    "that port from the machine where the application runs, and that the user name and password are valid and "
-    "have permission to read the schema. Finally, look at the database log for rejected connections, which "
-    "usually explains the problem, such as an expired certificate or too many open sessions.",
-    "The museum's new exhibition brings together more than two hundred objects from the ancient trading cities "
-    "along the coast, many of them shown to the public for the first time. Visitors can see painted pottery, "
-    "bronze tools, jewellery made from shells and glass, and a remarkably well preserved wooden boat found during "
-    "the construction of a harbour wall. Interactive displays explain how goods, languages and ideas moved "
-    "between these communities, and how archaeologists date the layers in which the finds were made.",
-    "Learning a musical instrument as an adult is often slower than it is for children, but it has advantages "
-    "that are easy to overlook. Adults tend to practise with a clearer purpose, can understand the theory behind "
-    "what they play and are usually better at organising their time. The most common mistake is to expect quick "
-    "progress and give up after a few frustrating weeks; short daily practice with a patient teacher, and simple "
-    "pieces that are enjoyable to play, keep motivation high.",
-    "Our hotel was a short walk from the old town, on a quiet street lined with cafes and small bakeries. The room "
-    "was simple but spotless, with a comfortable bed and a balcony overlooking a courtyard full of lemon trees. "
-    "Breakfast was the highlight, with fresh bread, local cheese, fruit and strong coffee served on the terrace "
-    "until late morning. The staff were friendly and full of advice about where to eat, and we would happily "
-    "stay there again on our next visit to the coast.",
-    "A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk "
-    "of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the forearm."
-    " A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a reaction "
-    "without being consumed. A legal document transferring ownership of land. The glacier retreated a kilometre "
-    "in a century. A shallow dish used for growing bacteria in a laboratory. The referee stopped the fight in the"
-    " third round. A member of a nomadic people of the steppes. Feel deep regret or sorrow for.",
-    "A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. The orchestra rehearsed "
-    "the symphony until midnight. The mayor promised to repair every pothole by summer. Free from dirt, stains or"
-    " impurities. The committee rejected the proposal without comment. Mark with small spots of a different "
-    "colour. A musical interval of eight notes. Occurring every two years. Capital of a province in northern "
-    "Spain. Put in order or arrange neatly. Prices at the market doubled during the drought. A small boat "
-    "propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk of goats.",
-    "He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow and "
-    "hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The bakery "
-    "sells out of rye bread before noon. Extremely old or old-fashioned. Her novel was translated into twelve "
-    "languages. A tax on imported goods. The software update fixed a serious security flaw. A slender column "
-    "supporting an arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of"
-    " the daisy family. Lacking in warmth or friendliness.",
-    "Cause to become loose or undone. A device that converts sound into an electrical signal. A migratory bird "
-    "with a forked tail and long wings. Use up resources carelessly or without purpose. A narrow path through a "
-    "dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal sheets. Deprive of "
-    "courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered. The train was "
-    "delayed by a signal failure near the bridge. She folded the letter twice and hid it in a drawer. He tuned "
-    "the old piano by ear. A long narrow inlet of the sea between steep cliffs.",
-    "Children gathered shells along the shore at low tide. Having the shape of a spiral or coil. The spacecraft "
-    "entered orbit around the red planet. Fond of company; sociable. He could not remember where he had parked "
-    "the car. Shout loudly and without restraint. The river flooded the valley after weeks of rain. Showing a "
-    "lack of experience or judgement. The lecture on marine biology was fully booked. A long poem celebrating the"
-    " deeds of a hero. Covered with a thin layer of frost. An official who keeps the records of a court. Cause to"
-    " become loose or undone. A device that converts sound into an electrical signal.",
-    "An ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. "
-    "(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring "
-    "ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria "
-    "in a laboratory. The referee stopped the fight in the third round. A member of a nomadic people of the "
-    "steppes. Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the "
-    "circumference of a circle to its diameter. The treaty ended three decades of border disputes.",
-    "Free from dirt, stains or impurities. The committee rejected the proposal without comment. Mark with small "
-    "spots of a different colour. A musical interval of eight notes. Occurring every two years. Capital of a "
-    "province in northern Spain. Put in order or arrange neatly. Prices at the market doubled during the drought."
-    " A small boat propelled by oars. Move quickly and lightly over the surface. A soft cheese made from the milk"
-    " of goats. Relating to the kidneys or the surrounding region. An ancient unit of length based on the "
-    "forearm. A vaccine given to protect against seasonal influenza. (chemistry) a substance that speeds up a "
-    "reaction without being consumed.",
-    "A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. Extremely old or old-"
-    "fashioned. Her novel was translated into twelve languages. A tax on imported goods. The software update "
-    "fixed a serious security flaw. A slender column supporting an arch. United States inventor of an early "
-    "telegraph (1791-1872). A genus of flowering plants of the daisy family. Lacking in warmth or friendliness. "
-    "The orchestra rehearsed the symphony until midnight. The mayor promised to repair every pothole by summer. "
-    "Free from dirt, stains or impurities. The committee rejected the proposal without comment.",
-    "A narrow path through a dense forest. A disease of cereal crops caused by a fungus. A tool for cutting metal"
-    " sheets. Deprive of courage or confidence. A ridge of sand built up by the wind. Worthy of being remembered."
-    " The train was delayed by a signal failure near the bridge. She folded the letter twice and hid it in a "
-    "drawer. He tuned the old piano by ear. A long narrow inlet of the sea between steep cliffs. Speak in a slow "
-    "and hesitant manner. They argued about the bill for an hour. A heavy woollen coat worn by sailors. The "
-    "bakery sells out of rye bread before noon.",
-    "He could not remember where he had parked the car. Shout loudly and without restraint. The river flooded the"
-    " valley after weeks of rain. Showing a lack of experience or judgement. The lecture on marine biology was "
-    "fully booked. A long poem celebrating the deeds of a hero. Covered with a thin layer of frost. An official "
-    "who keeps the records of a court. Cause to become loose or undone. A device that converts sound into an "
-    "electrical signal. A migratory bird with a forked tail and long wings. Use up resources carelessly or "
-    "without purpose. A narrow path through a dense forest. A disease of cereal crops caused by a fungus.",
-    "The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria in a laboratory. "
-    "The referee stopped the fight in the third round. A member of a nomadic people of the steppes. Feel deep "
-    "regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference of a "
-    "circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells along "
-    "the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the red "
-    "planet. Fond of company; sociable. He could not remember where he had parked the car.",
-    "Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly. Prices "
-    "at the market doubled during the drought. A small boat propelled by oars. Move quickly and lightly over the "
-    "surface. A soft cheese made from the milk of goats. Relating to the kidneys or the surrounding region. An "
-    "ancient unit of length based on the forearm. A vaccine given to protect against seasonal influenza. "
-    "(chemistry) a substance that speeds up a reaction without being consumed. A legal document transferring "
-    "ownership of land. The glacier retreated a kilometre in a century. A shallow dish used for growing bacteria "
-    "in a laboratory.",
-    "A tax on imported goods. The software update fixed a serious security flaw. A slender column supporting an "
-    "arch. United States inventor of an early telegraph (1791-1872). A genus of flowering plants of the daisy "
-    "family. Lacking in warmth or friendliness. The orchestra rehearsed the symphony until midnight. The mayor "
-    "promised to repair every pothole by summer. Free from dirt, stains or impurities. The committee rejected the"
-    " proposal without comment. Mark with small spots of a different colour. A musical interval of eight notes. "
-    "Occurring every two years. Capital of a province in northern Spain. Put in order or arrange neatly.",
-    "A ridge of sand built up by the wind. Worthy of being remembered. The train was delayed by a signal failure "
-    "near the bridge. She folded the letter twice and hid it in a drawer. He tuned the old piano by ear. A long "
-    "narrow inlet of the sea between steep cliffs. Speak in a slow and hesitant manner. They argued about the "
-    "bill for an hour. A heavy woollen coat worn by sailors. The bakery sells out of rye bread before noon. "
-    "Extremely old or old-fashioned. Her novel was translated into twelve languages. A tax on imported goods. The"
-    " software update fixed a serious security flaw.",
-    "The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero. Covered with a "
-    "thin layer of frost. An official who keeps the records of a court. Cause to become loose or undone. A device"
-    " that converts sound into an electrical signal. A migratory bird with a forked tail and long wings. Use up "
-    "resources carelessly or without purpose. A narrow path through a dense forest. A disease of cereal crops "
-    "caused by a fungus. A tool for cutting metal sheets. Deprive of courage or confidence. A ridge of sand built"
-    " up by the wind. Worthy of being remembered.",
-    "Feel deep regret or sorrow for. The tax was repealed after years of protest. The ratio of the circumference "
-    "of a circle to its diameter. The treaty ended three decades of border disputes. Children gathered shells "
-    "along the shore at low tide. Having the shape of a spiral or coil. The spacecraft entered orbit around the "
-    "red planet. Fond of company; sociable. He could not remember where he had parked the car. Shout loudly and "
-    "without restraint. The river flooded the valley after weeks of rain. Showing a lack of experience or "
-    "judgement. The lecture on marine biology was fully booked. A long poem celebrating the deeds of a hero.",
-]
+#: the quality sets in export/data/, one text a line, shipped with the package (pyproject.toml's package data):
+#: short sentences, and long texts, since int8 loses more on long texts than on short ones: 16 prose passages, then
+#: 16 texts joined from unrelated short sentences, as `benchmarks/serving.py` joins WordNet glosses into its long
+#: texts, so that int8's cosine on them tracks the one make bench measures (compared when they were chosen: e20bfbf)
+QUALITY_SHORT_FILE, QUALITY_LONG_FILE = "quality_short.txt", "quality_long.txt"
+
+
+@functools.cache
+def _texts(name: str) -> tuple[str, ...]:
+    return tuple((resources.files("export") / "data" / name).read_text(encoding="utf-8").splitlines())
+
+
+def quality_sentences() -> list[str]:
+    """The short sentences every variant's cosine to fp32 is measured on."""
+    return list(_texts(QUALITY_SHORT_FILE))
+
+
+def quality_long_sentences() -> list[str]:
+    """The long passages every variant's cosine to fp32 is measured on."""
+    return list(_texts(QUALITY_LONG_FILE))
 
 
 class QualityError(RuntimeError):
@@ -397,7 +227,7 @@ def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = M
 
     row_scaled_nodes = ({name for i, name in enumerate(ffn_outputs(onnx.load(str(source)).graph)) if i in layers}
                         if precise_by == "rows" else set())
-    errors = local_int8_errors(source, export_dir, QUALITY_SENTENCES + QUALITY_LONG_SENTENCES, row_scaled_nodes)
+    errors = local_int8_errors(source, export_dir, quality_sentences() + quality_long_sentences(), row_scaled_nodes)
     ranked = tuple(sorted(errors, key=errors.__getitem__, reverse=True))
     low, high = 0, 1  # fails with `low` in float; `high` is tried next
     while not passes(ranked[:high]):
@@ -761,8 +591,8 @@ class Reference:
         from service.engine.backends.onnx import OnnxBackend
 
         self.backend = OnnxBackend(export_dir, pad_to_multiple_of=1, verify=False)
-        self.short = self.backend.encode(QUALITY_SENTENCES)
-        self.long = self.backend.encode(QUALITY_LONG_SENTENCES)
+        self.short = self.backend.encode(quality_sentences())
+        self.long = self.backend.encode(quality_long_sentences())
         self.stsb_spearman = _stsb_spearman(self.backend, stsb_dev) if stsb_dev else None
 
 
@@ -783,8 +613,8 @@ def measure(export_dir: Path, variant_file: str, stsb_dev: list[tuple[str, str, 
 
     reference = reference or Reference(export_dir, stsb_dev)
     variant = OnnxBackend(export_dir, pad_to_multiple_of=1, verify=False, graph_file=variant_file)
-    short = (variant.encode(QUALITY_SENTENCES) * reference.short).sum(axis=1)
-    long = (variant.encode(QUALITY_LONG_SENTENCES) * reference.long).sum(axis=1)
+    short = (variant.encode(quality_sentences()) * reference.short).sum(axis=1)
+    long = (variant.encode(quality_long_sentences()) * reference.long).sum(axis=1)
     quality: dict[str, Any] = {"mean_cosine_to_fp32": round(float(short.mean()), 5),
                                "min_cosine_to_fp32": round(float(short.min()), 5),
                                "mean_cosine_to_fp32_long": round(float(long.mean()), 5),

@@ -172,6 +172,24 @@ def test_the_cli_names_what_was_left_out(tiny_model_dir, tmp_path, monkeypatch, 
     assert "fp16: left out (building it failed (RuntimeError: boom))" in out and "make serve" in out
 
 
+def test_the_quality_sets_are_data_files_the_package_ships():
+    """The texts every variant is measured on are read from export/data/, which pyproject.toml ships with the
+    package, so an installed wheel measures on the same texts as a checkout."""
+    import fnmatch
+    import tomllib
+
+    data = Path(quantize.__file__).parent / "data"
+    short, long = quantize.quality_sentences(), quantize.quality_long_sentences()
+    assert short == (data / quantize.QUALITY_SHORT_FILE).read_text(encoding="utf-8").splitlines()
+    assert long == (data / quantize.QUALITY_LONG_FILE).read_text(encoding="utf-8").splitlines()
+    assert (len(short), len(long)) == (12, 32) and all(t and t == t.strip() for t in short + long)
+    assert "naïve café déjà-vu" in short  # read as UTF-8
+    shipped = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = shipped["package-data"]["export"]
+    for file in data.iterdir():
+        assert any(fnmatch.fnmatch(f"data/{file.name}", p) for p in patterns), file
+
+
 # --- fp16: the float16 conversion's repeated Cast -----------------------------------------------------------------
 
 

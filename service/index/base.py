@@ -36,6 +36,7 @@ class CollectionSpec:
     model: ModelStamp | None = None  # None: vectors come from the client, never embedded here
     # none | int8 | binary: what the searched structure stores (vectors.py); the floats rescore its candidates
     quantization: str = "none"
+    lexical: bool = False  # a BM25 index of the stored texts beside the vectors (lexical.py): mode lexical, hybrid
 
 
 @dataclass
@@ -48,6 +49,7 @@ class CollectionInfo:
     sequence: int  # the last durable write applied to this collection
     ann_ready: bool = True  # False while an ANN structure is untrained or being rebuilt (search is exact then)
     quantization: str = "none"
+    lexical: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,14 @@ class SearchParams:
     with_text: bool = True
     with_metadata: bool = True
     with_vector: bool = False
+    # dense: by the query vectors; lexical: BM25 over the stored texts, by `texts`; hybrid: both rankings
+    # (`candidates` of each, at least k) fused by reciprocal rank: weight / (rrf_k + rank) summed
+    mode: str = "dense"
+    texts: list[str] | None = None  # the queries' text (lexical and hybrid)
+    rrf_k: int = 60
+    dense_weight: float = 1.0
+    lexical_weight: float = 1.0
+    candidates: int | None = None  # None: lexical.DEFAULT_CANDIDATES
 
 
 class VectorIndex(Protocol):
@@ -105,7 +115,8 @@ class VectorIndex(Protocol):
     - delete: by ids (unknown ones ignored) or by filter, exactly one of them; count = documents removed.
     - search: per query, up to k hits by descending score, only those passing the filter (applied
       before ranking, so never short when enough documents match) and score >= score_threshold;
-      text/metadata/vector filled as SearchParams asks, None otherwise.
+      text/metadata/vector filled as SearchParams asks, None otherwise. `queries` may be None for
+      mode lexical; a mode the collection cannot search (no lexical index) is an InvalidRequest.
     - every write returns WriteResult: what it changed, the sequence number now durable, the new total.
     - an unknown collection: CollectionNotFound.
     """
@@ -127,7 +138,7 @@ class VectorIndex(Protocol):
 
     def clear(self, name: str) -> WriteResult: ...
 
-    def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]: ...
+    def search(self, name: str, queries: np.ndarray | None, params: SearchParams) -> list[list[Hit]]: ...
 
     def scan(self, name: str, batch: int = 1000):  # yields lists of Record (with text), for re-embedding
         ...

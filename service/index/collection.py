@@ -16,6 +16,7 @@ import numpy as np
 
 from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
 from service.index.filters import parse_filter
+from service.index.lexical import DEFAULT_CANDIDATES, LexicalIndex, fuse
 from service.index.metadata import MetadataIndex
 from service.index.vectors import DEFAULT_OVERSAMPLE, LiveRows, VectorSet
 
@@ -29,6 +30,7 @@ class Collection:
         self._docs: list[Document | None] = []  # by slot
         self._slot_of: dict[str, int] = {}
         self._metadata = MetadataIndex()  # filters as numpy masks over slots
+        self.lexical = LexicalIndex() if spec.lexical else None  # BM25 over the items' text (opt-in)
         self.sequence = 0
         self.frozen: str | None = None  # why writes are refused for now (a re-embed is reading it)
         # A filter's allowed slots are cached until the next change (`_version` moves after a write is
@@ -43,7 +45,7 @@ class Collection:
     def info(self) -> CollectionInfo:
         s = self.spec
         return CollectionInfo(s.name, s.dimension, s.index_type, s.model, len(self), self.sequence,
-                              self.vectors.ann_ready, s.quantization)
+                              self.vectors.ann_ready, s.quantization, s.lexical)
 
     # writes (the committer thread, after the log holds them) ------------------------------------
 
@@ -55,6 +57,8 @@ class Collection:
             self._slot_of[doc.id] = slot
         if len(slots):
             self._metadata.add(int(slots[0]), [d.metadata for d in documents], self.vectors.live_flags())
+            if self.lexical is not None:  # after the documents: a slot the lexical index holds has its document
+                self.lexical.add(int(slots[0]), [d.text for d in documents])
         self._version += 1
 
     def delete(self, ids: list[str]) -> int:
@@ -116,14 +120,12 @@ class Collection:
             if docs:
                 yield [Record(d.id, d.text, d.metadata) for d in docs]
 
-    def search(self, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
+    def search(self, queries: np.ndarray | None, params: SearchParams) -> list[list[Hit]]:
         allowed = None if params.filter is None else self._allowed(params.filter)
-        scores, slots = self.vectors.search(queries, params.k, allowed, params.ef_search, params.nprobe,
-                                            params.oversample)
         results = []
-        for row_scores, row_slots in zip(scores.tolist(), slots.tolist()):
+        for row_scores, row_slots in self._rankings(queries, params, allowed):
             hits = []
-            for score, slot in zip(row_scores, row_slots):
+            for score, slot in zip(row_scores.tolist(), row_slots.tolist()):
                 doc = self._docs[slot] if slot >= 0 else None
                 if doc is None or (params.score_threshold is not None and score < params.score_threshold):
                     continue
@@ -135,6 +137,30 @@ class Collection:
                                 None if vector is None else vector.tolist(), score))
             results.append(hits)
         return results
+
+    def _rankings(self, queries: np.ndarray | None, params: SearchParams,
+                  allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, (scores, slots) best first, as params.mode ranks them (LocalIndex.search has checked
+        that the mode has what it needs)."""
+        if params.mode == "dense":
+            assert queries is not None
+            return self._dense(queries, params.k, params, allowed)
+        assert self.lexical is not None and params.texts is not None
+        k = params.k if params.mode == "lexical" else max(params.k, params.candidates or DEFAULT_CANDIDATES)
+        lexical = self.lexical.search(params.texts, k, self._version,
+                                      lambda n: self.vectors.live_flags()[:n].copy(), allowed)
+        if params.mode == "lexical":
+            return lexical
+        assert queries is not None
+        dense = self._dense(queries, k, params, allowed)
+        return [fuse([(d_slots, params.dense_weight), (l_slots, params.lexical_weight)], params.k, params.rrf_k)
+                for (_, d_slots), (_, l_slots) in zip(dense, lexical)]
+
+    def _dense(self, queries: np.ndarray, k: int, params: SearchParams,
+               allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        scores, slots = self.vectors.search(queries, k, allowed, params.ef_search, params.nprobe, params.oversample)
+        kept = slots >= 0  # padding: fewer than k candidates
+        return [(row_scores[keep], row_slots[keep]) for row_scores, row_slots, keep in zip(scores, slots, kept)]
 
     # snapshots --------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +50,7 @@ from service.index.base import (
 )
 from service.index.collection import Collection
 from service.index.filters import parse_filter
+from service.index.lexical import MODES
 from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import DEFAULT_OVERSAMPLE, check_oversample, check_quantization, parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
@@ -72,8 +73,11 @@ def _decode(payload: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def _create_op(spec: CollectionSpec, exist_ok: bool) -> dict[str, Any]:
-    return {"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
-            "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok, "q": spec.quantization}
+    op = {"op": "create", "c": spec.name, "dim": spec.dimension, "type": spec.index_type,
+          "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok, "q": spec.quantization}
+    if spec.lexical:  # only then: logs written before lexical indexes replay unchanged
+        op["lex"] = True
+    return op
 
 
 def _stamp(model: dict | None) -> ModelStamp | None:
@@ -168,11 +172,17 @@ class LocalIndex:
     def clear(self, name: str) -> WriteResult:
         return self._submit({"op": "clear", "c": name})
 
-    def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
+    def search(self, name: str, queries: np.ndarray | None, params: SearchParams) -> list[list[Hit]]:
         collection = self._get(name)
-        queries = check_vectors(queries, len(queries), collection.spec.dimension)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
+        check_search_mode(name, collection.spec.lexical, params)
+        if params.mode != "lexical":
+            if queries is None:
+                raise InvalidRequest(f"mode {params.mode!r} needs query vectors")
+            queries = check_vectors(queries, len(queries), collection.spec.dimension)
+            if params.texts is not None and len(params.texts) != len(queries):
+                raise InvalidRequest(f"{len(params.texts)} query texts for {len(queries)} query vectors")
         return collection.search(queries, params)
 
     def scan(self, name: str, batch: int = 1000):
@@ -184,7 +194,7 @@ class LocalIndex:
         target = self._get(spec.name)
         if target.frozen:
             raise CollectionExists(f"collection {spec.name!r} is already being rebuilt")
-        staging = CollectionSpec(STAGING + spec.name, spec.dimension, spec.index_type, spec.model, spec.quantization)
+        staging = replace(spec, name=STAGING + spec.name)
         target.frozen = "it is being re-embedded"
         try:
             if staging.name in self._collections:
@@ -326,7 +336,8 @@ class LocalIndex:
         self._since_snapshot += 1
         kind, name = op["op"], op["c"]
         if kind == "create":
-            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]), op.get("q", "none"))
+            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]), op.get("q", "none"),
+                                  op.get("lex", False))
             self._collections[name] = self._new_collection(spec)
             self._collections[name].sequence = seq
             return 0
@@ -353,8 +364,7 @@ class LocalIndex:
             target = op["to"]
             old = self._collections.pop(target, None)
             del self._collections[name]
-            collection.spec = CollectionSpec(target, collection.spec.dimension, collection.spec.index_type,
-                                             collection.spec.model, collection.spec.quantization)
+            collection.spec = replace(collection.spec, name=target)
             self._collections[target] = collection
             if old is not None:
                 old.close()
@@ -456,7 +466,8 @@ class LocalIndex:
             manifest["collections"].append({"file": i, "name": spec.name, "dimension": spec.dimension,
                                             "index_type": spec.index_type, "sequence": sequence,
                                             "model": asdict(spec.model) if spec.model else None,
-                                            "quantization": spec.quantization, "ranges": ranges is not None})
+                                            "quantization": spec.quantization, "ranges": ranges is not None,
+                                            "lexical": spec.lexical})
         with open(tmp / "manifest.json", "w") as f:
             json.dump(manifest, f)
             f.flush()
@@ -486,7 +497,7 @@ class LocalIndex:
         manifest = json.loads((folder / "manifest.json").read_text())
         for entry in manifest["collections"]:
             spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]),
-                                  entry.get("quantization", "none"))
+                                  entry.get("quantization", "none"), entry.get("lexical", False))
             collection = self._new_collection(spec)
             if entry.get("ranges"):  # trained before this snapshot: the same ranges, not retrained from it
                 collection.vectors.set_ranges(np.load(folder / f"{entry['file']}.ranges.npy", allow_pickle=False))
@@ -502,3 +513,20 @@ class LocalIndex:
         self._seq = manifest["sequence"]
         return manifest["sequence"]
 
+
+def check_search_mode(name: str, lexical: bool, params: SearchParams) -> None:
+    """The search's mode and fusion options, against what collection `name` holds (a lexical index or not)."""
+    if params.mode not in MODES:
+        raise InvalidRequest(f"unknown search mode {params.mode!r}: use one of {', '.join(MODES)}")
+    if params.mode == "dense":
+        return
+    if not lexical:
+        raise InvalidRequest(f"collection {name!r} has no lexical index, so mode {params.mode!r} cannot search it: "
+                             "create the collection with \"lexical\": true, or search with mode 'dense'")
+    if params.texts is None:
+        raise InvalidRequest(f"mode {params.mode!r} searches by text: give the query as text")
+    if params.rrf_k < 1 or (params.candidates is not None and params.candidates < 1):
+        raise InvalidRequest("fusion: k and candidates must be at least 1")
+    weights = (params.dense_weight, params.lexical_weight)
+    if not all(np.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+        raise InvalidRequest("fusion: dense_weight and lexical_weight must be finite, >= 0, and not both 0")
