@@ -331,10 +331,13 @@ class MilvusIndex:
         result = self._swap_in(name, desc, self._spec_of(name, desc), [])
         return WriteResult(count, result.sequence, 0)
 
-    def search(self, name: str, queries: np.ndarray, params: SearchParams) -> list[list[Hit]]:
+    def search(self, name: str, queries: np.ndarray | None, params: SearchParams) -> list[list[Hit]]:
         desc = self._describe(name)
         dimension, physical = _dimension(desc), desc["collection_name"]
-        queries = check_vectors(queries, len(queries), dimension)
+        if params.mode != "dense":
+            raise InvalidRequest(f"search mode {params.mode!r} needs a lexical index, which the milvus backend does "
+                                 "not keep: use mode 'dense', or the local index (docs/hybrid-search.md)")
+        queries = check_vectors(queries, -1 if queries is None else len(queries), dimension)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
         if not len(queries):
@@ -417,6 +420,9 @@ class MilvusIndex:
 
     def _check_spec(self, spec: CollectionSpec) -> None:
         check_collection_name(spec.name)
+        if spec.lexical:
+            raise InvalidRequest("lexical indexes (search modes lexical and hybrid) are not available on the milvus "
+                                 "backend: create the collection without lexical, or use the local index")
         if not isinstance(spec.dimension, int) or not 1 <= spec.dimension <= 32_768:
             raise InvalidRequest(f"dimension must be between 1 and 32768 (Milvus's limit), not {spec.dimension}")
         if check_quantization(spec.quantization, parse_index_type(spec.index_type, spec.dimension)) == "binary":

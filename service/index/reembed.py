@@ -28,5 +28,5 @@ def reembed(index: VectorIndex, name: str, stamp: ModelStamp, dimension: int, em
             texts = [r.text for r in records]
             yield [Document(r.id, r.text, r.metadata) for r in records], embed(texts)
 
-    return index.replace_collection(CollectionSpec(name, dimension, info.index_type, stamp, info.quantization),
-                                    batches())
+    return index.replace_collection(CollectionSpec(name, dimension, info.index_type, stamp, info.quantization,
+                                                   info.lexical), batches())
