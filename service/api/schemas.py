@@ -279,6 +279,23 @@ class GetDocumentsResponse(BaseModel):
     missing: list[str] = Field(description="ids not in the collection")
 
 
+class Fusion(_Request):
+    """How mode hybrid fuses its dense and lexical rankings: reciprocal rank fusion."""
+
+    k: int = Field(60, ge=1, le=10_000, description="RRF's constant: an item scores weight / (k + rank) in each "
+                   "ranking (ranks from 1), summed")
+    dense_weight: float = Field(1.0, ge=0, le=100, description="weight of the dense (vector) ranking")
+    lexical_weight: float = Field(1.0, ge=0, le=100, description="weight of the lexical (BM25) ranking")
+    candidates: int = Field(100, ge=1, le=10_000, description="items taken from each ranking (at least the "
+                            "search's k)")
+
+    @model_validator(mode="after")
+    def _some_weight(self):
+        if self.dense_weight == 0 and self.lexical_weight == 0:
+            raise ValueError("dense_weight and lexical_weight cannot both be 0")
+        return self
+
+
 class SearchRequest(_Request):
     query: str | NonEmpty[str] | None = Field(None, examples=["Who plays the guitar?"],
                                                description="text(s) to embed and search with")
@@ -294,11 +311,20 @@ class SearchRequest(_Request):
                                    "from the compact structure are rescored with the float vectors (default: "
                                    "SEMBED_INDEX_OVERSAMPLE)")
     include: list[IncludeField] = Field(["text", "metadata"], description="fields returned with each hit")
+    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense: by embedding (cosine); "
+                                                        "lexical: BM25 over the stored texts; hybrid: both, fused "
+                                                        "by reciprocal rank (`fusion`). lexical and hybrid need a "
+                                                        "collection created with lexical: true, and query text")
+    fusion: Fusion | None = Field(None, description="mode hybrid: the fusion's k, weights and candidates")
 
     @model_validator(mode="after")
     def _one_query_kind(self):
         if (self.query is None) == (self.vector is None):
             raise ValueError("give either query (text) or vector")
+        if self.mode != "dense" and self.query is None:
+            raise ValueError(f"mode {self.mode!r} searches the stored texts by words: give query (text), not vector")
+        if self.fusion is not None and self.mode != "hybrid":
+            raise ValueError(f"fusion applies to mode 'hybrid', not {self.mode!r}")
         return self
 
     @property
@@ -310,7 +336,8 @@ class SearchRequest(_Request):
 
 class SearchHit(BaseModel):
     id: str
-    score: float = Field(description="cosine similarity")
+    score: float = Field(description="cosine similarity (mode dense), BM25 (lexical) or the fused reciprocal "
+                         "rank score (hybrid)")
     text: str | None = None
     metadata: dict[str, Any] | None = None
     vector: list[float] | None = None
@@ -329,6 +356,8 @@ class CreateCollectionRequest(_Request):
     quantization: Literal["none", "int8", "binary"] = Field("none", description="what the searched structure "
                                                             "stores: float vectors (none), int8 codes or sign bits "
                                                             "(binary); the float vectors rescore its best candidates")
+    lexical: StrictBool = Field(False, description="true: keep a lexical (BM25) index of the texts beside the "
+                                "vectors, for search modes lexical and hybrid (local index only)")
 
 
 class ModelStampOut(BaseModel):
@@ -345,6 +374,7 @@ class CollectionOut(BaseModel):
     sequence: int = Field(description="the last durable write to this collection")
     ann_ready: bool = Field(description="false while the ANN structure trains or rebuilds (search is exact)")
     quantization: str = Field("none", description="none, int8 or binary")
+    lexical: bool = Field(False, description="whether it keeps a lexical (BM25) index: search modes lexical, hybrid")
 
 
 class CollectionsOut(BaseModel):

@@ -127,13 +127,13 @@ async def create_collection(req: schemas.CreateCollectionRequest, request: Reque
     if req.vectors_only:
         if req.dimension is None:
             raise InvalidRequest("a vectors_only collection needs its dimension")
-        spec = CollectionSpec(req.name, req.dimension, req.index_type, None, req.quantization)
+        spec = CollectionSpec(req.name, req.dimension, req.index_type, None, req.quantization, req.lexical)
     else:
         stamp = model_stamp(request, req.model)
         dim = registry(request).get(stamp.name).info.dimension
         if req.dimension not in (None, dim):
             raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
-        spec = CollectionSpec(req.name, dim, req.index_type, stamp, req.quantization)
+        spec = CollectionSpec(req.name, dim, req.index_type, stamp, req.quantization, req.lexical)
     info = await _call(_index(request).create_collection, spec)
     _count(request, info.name, info.count)
     return NumpyJSONResponse(_collection(info), status_code=201)
@@ -220,18 +220,27 @@ async def delete_document(name: str, doc_id: str, request: Request):
 
 @router.post("/collections/{name}/search", response_model=schemas.SearchResponse)
 async def search(name: str, req: schemas.SearchRequest, request: Request):
-    """The k nearest documents to each query by cosine similarity, among those passing `filter`."""
+    """The k nearest documents to each query by cosine similarity (or by BM25, or both fused: `mode`),
+    among those passing `filter`."""
     limit = settings(request).max_search_k
     if req.k > limit:
         raise ApiError(422, f"k={req.k} exceeds the limit of {limit}", "Validation", param="k")
+    texts = None
     if req.vector is not None:
         given = req.vector if isinstance(req.vector[0], list) else [req.vector]
         queries = await _vectors(request, name, [None] * len(given), given, "vector")
+    elif req.mode == "lexical":  # nothing to embed: the index ranks the stored texts by the query's words
+        check_batch(request, len(req.queries), "query")
+        queries, texts = None, req.queries
     else:
         queries = await _vectors(request, name, req.queries, [None] * len(req.queries), "query")
+        texts = req.queries if req.mode == "hybrid" else None
+    fusion = req.fusion or schemas.Fusion()
     params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
                           nprobe=req.nprobe, oversample=req.oversample, with_text="text" in req.include,
-                          with_metadata="metadata" in req.include, with_vector="vector" in req.include)
+                          with_metadata="metadata" in req.include, with_vector="vector" in req.include,
+                          mode=req.mode, texts=texts, rrf_k=fusion.k, dense_weight=fusion.dense_weight,
+                          lexical_weight=fusion.lexical_weight, candidates=fusion.candidates)
     hits = await _call(_index(request).search, name, queries, params)
     return NumpyJSONResponse({"results": [[_fields(h, req.include) for h in row] for row in hits]})
 
