@@ -347,6 +347,40 @@ def test_the_clients_exceptions_carry_the_refusal(url, classifier_url):
     assert refused.value.status_code == 424 and refused.value.body["code"] == "backend"
 
 
+def test_tei_clients_name_a_model_by_its_url(url, classifier_url):
+    """TEI's clients send no model name, only a URL: /models/{name}/<route> (and /models/{name}, the bare route)
+    is <route> on that model, so each reaches every served model, not only the default."""
+    from huggingface_hub import InferenceClient
+    from langchain_huggingface import HuggingFaceEndpointEmbeddings
+    from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+
+    best = InferenceClient(model=f"{url}/models/{CLASSIFIER}").text_classification(TEXTS[0])
+    expected = post(url, "/predict", {"inputs": TEXTS[0], "model": CLASSIFIER}).json()[0]
+    assert (best.label, best.score) == (expected["label"], pytest.approx(expected["score"], abs=1e-6))
+    info = InferenceClient(model=f"{url}/models/{RERANKER}", provider="hf-inference").get_endpoint_info()
+    assert info["served_model_name"] == RERANKER and "reranker" in info["model_type"]
+    rerank = {"query": TEXTS[0], "texts": TEXTS[1:]}
+    assert post(url, f"/models/{RERANKER}/rerank", rerank).json() == post(
+        url, "/rerank", {**rerank, "model": RERANKER}).json()
+    assert post(classifier_url, f"/models/{SPLADE}/embed_sparse", {"inputs": TEXTS}).json() == post(
+        classifier_url, "/embed_sparse", {"inputs": TEXTS, "model": SPLADE}).json()
+    langchain = HuggingFaceEndpointEmbeddings(model=f"{url}/models/{EMBEDDER}")
+    assert_same(langchain.embed_documents(TEXTS), embed(url, inputs=TEXTS))
+    model = TextEmbeddingsInference(model_name=EMBEDDER, base_url=f"{url}/models/{EMBEDDER}", timeout=60)
+    assert_same(model.get_text_embedding_batch(TEXTS), embed(url, inputs=TEXTS))
+    openai_shape = post(url, f"/models/{EMBEDDER}/v1/embeddings", {"input": TEXTS[0], "model": EMBEDDER})
+    assert openai_shape.status_code == 200 and openai_shape.json()["model"] == EMBEDDER
+
+
+def test_a_model_url_names_a_served_model_and_agrees_with_the_body(url):
+    """An unknown name in the URL is a 404 listing the served models; a body naming another model than the URL
+    is a 422."""
+    unknown = post(url, "/models/nope/embed", {"inputs": TEXTS[0]})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"] and EMBEDDER in unknown.json()["error"]
+    both = post(url, f"/models/{EMBEDDER}/rerank", {"query": TEXTS[0], "texts": TEXTS[1:], "model": RERANKER})
+    assert both.status_code == 422 and EMBEDDER in both.json()["error"] and RERANKER in both.json()["error"]
+
+
 # --- prompt_name on every route TEI takes it on -------------------------------------------------------------
 
 

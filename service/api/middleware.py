@@ -7,6 +7,8 @@
   for a client that never finishes sending);
 - a client that disconnects cancels its request, which drops its rows from the queue;
 - API keys, when set (service/auth.py);
+- `/models/{name}/<route>` is `<route>` on model {name}: TEI's clients name no model in their calls, only a URL
+  (an unknown name is a 404 that lists the served ones);
 - every request is counted by route and status (499: the client left) and logged as one JSON line;
 - POST /embed and /v1/embeddings, the routes a client calls per text, skip FastAPI's stack when their
   body is valid (`lean`): pydantic's own JSON parser fills the route's body model and the route runs
@@ -21,6 +23,7 @@ import logging
 import os
 import re
 import time
+from urllib.parse import unquote
 
 import orjson
 from fastapi import Request
@@ -38,6 +41,7 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _JSON = re.compile(rb"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 CLIENT_CLOSED = 499
+MODEL_PREFIX = "/models/"
 _CLIENT_LEFT = ApiError(CLIENT_CLOSED, "the client left while sending its body", "Validation")
 
 
@@ -75,6 +79,11 @@ class RequestGuard:
             await send(message)
 
         try:
+            if scope["path"].startswith(MODEL_PREFIX):
+                unknown = self._take_model_prefix(scope)
+                if unknown is not None:
+                    await self._reply(scope, send_with_id, unknown, request_id)
+                    return
             refused = self.keys.check(scope["path"], headers.get(b"authorization"))
             if refused is not None:
                 await self._reply(scope, send_with_id, refused, request_id)
@@ -109,6 +118,23 @@ class RequestGuard:
                 access.info(orjson.dumps({"request_id": request_id, "method": scope["method"], "path": scope["path"],
                                           "route": route, "status": status, "ms": round(seconds * 1000, 3),
                                           "client": client[0]}).decode())
+
+    def _take_model_prefix(self, scope) -> ApiError | None:
+        """/models/{name}/<route> → <route> (/models/{name} → /), with {name} in the request's state for the routes'
+        model lookup."""
+        raw = scope.get("raw_path") or scope["path"].encode()
+        name, _, rest = raw[len(MODEL_PREFIX):].partition(b"/")
+        if not name:
+            return None
+        model = unquote(name.decode("latin-1"))
+        registry = getattr(scope["app"].state, "registry", None)
+        if registry is not None and model not in registry.names():
+            return ApiError(404, f"no model named {model!r} in the URL; this service has {registry.names()}",
+                            "NotFound", param="model")
+        scope["state"]["model"] = model
+        scope["path"] = "/" + unquote(rest.decode("latin-1"))
+        scope["raw_path"] = b"/" + rest
+        return None
 
     def _check_headers(self, headers: dict[bytes, bytes]) -> ApiError | None:
         length = headers.get(b"content-length")

@@ -24,7 +24,7 @@ from service.api import output_types, schemas
 from service.api.errors import COHERE_TAG, ApiError
 from service.api.output_types import base64_rows
 from service.api.registry import ServedModel
-from service.api.routes.common import NumpyJSONResponse, matryoshka, registry, settings, timing_headers
+from service.api.routes.common import NumpyJSONResponse, matryoshka, model, registry, settings, timing_headers
 from service.api.routes.tei import embed_texts, rerank_scores
 from service.ipc.messages import EmbedResult, InputTooLong
 
@@ -62,7 +62,7 @@ async def _embeddings(req: schemas.CohereEmbedRequest,
         raise ApiError(422, f"{field}: this service embeds text only: send `texts`", "Validation", param=field)
     if not req.texts:
         raise ApiError(422, "texts: give the texts to embed (one or more)", "Validation", param="texts")
-    served = registry(request).get(req.model)
+    served = model(request, req.model)
     info = served.info
     if req.max_tokens is not None and req.max_tokens < info.max_seq_length:
         raise ApiError(422, f"max_tokens={req.max_tokens}: the model embeds up to its own {info.max_seq_length} "
@@ -115,7 +115,7 @@ async def embed_v1(req: schemas.CohereEmbedRequest, request: Request):
 
 async def _rerank(req: schemas.CohereRerankRequest, request: Request, version: str):
     texts = req.texts
-    served = registry(request).get(req.model)
+    served = model(request, req.model)
     scores, result = await rerank_scores(served, req.query, texts, settings(request).max_client_batch_size)
     order = np.argsort(-scores, kind="stable")[:req.top_n]
     results = [{"index": int(i), "relevance_score": float(scores[i]),

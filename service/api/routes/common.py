@@ -56,7 +56,17 @@ def settings(request: Request) -> Settings:
 
 
 def model(request: Request, name: str | None = None) -> ServedModel:
-    return registry(request).get(name)
+    """The model a request names: in its body (`name`), in its URL (/models/{name}/..., RequestGuard), or the
+    default. Body and URL naming two models is a 422, not a guess."""
+    reg = registry(request)
+    in_url = request.scope.get("state", {}).get("model")
+    if in_url is None:
+        return reg.get(name)
+    served = reg.get(in_url)
+    if name is not None and name != in_url and reg.get(name) is not served:
+        raise ApiError(422, f"the URL names model {in_url!r} and the body {name!r}: name one, or the same one twice",
+                       "Validation", param="model")
+    return served
 
 
 def check_batch(request: Request, n: int, field: str) -> None:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from service.api import output_types, schemas
 from service.api.errors import OPENAI_TAG, ApiError
 from service.api.output_types import base64_rows
-from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, registry, timing_headers
+from service.api.routes.common import NumpyJSONResponse, check_batch, matryoshka, model, registry, timing_headers
 
 router = APIRouter(prefix="/v1", tags=[OPENAI_TAG])
 
@@ -32,7 +32,7 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     check_batch(request, len(texts), "input")
     if any(isinstance(t, str) and not t for t in texts):  # OpenAI answers an empty string with 400
         raise ApiError(400, "'$.input' is invalid: an input is an empty string", "Validation", param="input")
-    served = registry(request).get(req.model)
+    served = model(request, req.model)
     if req.embedding_type != "float":  # refused before any compute where the model cannot give it
         output_types.require(req.embedding_type, served.info, req.dimensions)
     result = await served.embed(texts, normalize=True, prompt_name=req.prompt_name, instruction=req.instruction)

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.api.errors import ApiError
 from service.api.registry import ModelRegistry, ServedModel
-from service.api.routes.common import settings
+from service.api.routes.common import model, settings
 from service.api.routes.index import default_documents
 from service.settings import Settings
 
@@ -104,10 +104,11 @@ def tei_info(registry: ModelRegistry, served: ServedModel, s: Settings) -> dict:
 
 @router.get("/info")
 async def info(request: Request):
-    """TEI's fields for the default model, then its manifest, the models served, the index and the limits."""
+    """TEI's fields for the model the URL names (/models/{name}/info) or the default, then its manifest, the models
+    served, the index and the limits."""
     registry = _registry(request)
     s = settings(request)
-    served = registry.get()
+    served = model(request)
     manifest = served.info.manifest
     return {
         **tei_info(registry, served, s),
