@@ -1,4 +1,4 @@
-"""STS evaluation as SentEval/SimCSE run it: Spearman × 100 of cosine similarity against gold.
+"""The seven-task STS report of a served or exported model, over REST or in process (scored by core.sts).
 
     python -m evaluation.sts --url http://localhost:8080 --data-dir data/datasets [--out results/sts.json]
     python -m evaluation.sts --model models/all-MiniLM-L6-v2 --data-dir data/datasets [--variant int8]
