@@ -138,6 +138,18 @@ class Settings(BaseSettings):
                                                            "collections keep the float vectors that rescore: in "
                                                            "memory, or in files under the index folder, memory-mapped "
                                                            "(the page cache holds what searches touch)")
+    # --- long documents (service/chunking.py, docs/long-documents.md) -------------------------------
+    chunking: bool = Field(True, description="documents routes: a text over the model's window becomes chunks "
+                           "(token windows with overlap, cut at sentence ends), a vector each, and search answers "
+                           "each document at its best chunk; false: such a text is truncated, one vector. A "
+                           "request's `chunking` overrides it; the milvus backend stores one vector per document, "
+                           "so there it is off unless a request asks (then refused)")
+    chunk_size: int = Field(0, ge=0, description="tokens per chunk; 0: the model's window (max_seq_length less its "
+                            "special tokens and any default prompt's); a request's chunking.size overrides it")
+    chunk_overlap: int = Field(32, ge=0, description="tokens consecutive chunks share (at most a quarter of the "
+                               "chunk size); a request's chunking.overlap overrides it")
+    max_request_chunks: int = Field(4096, ge=1, description="chunks one request may make (documents, or /embed and "
+                                    "/v1/embeddings with chunking); more: 422 and nothing written")
     milvus_uri: str | None = Field(None, description="milvus: http://host:19530, or a Milvus Lite file path")
 
     @field_validator("models")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from service.chunking import SplitterCache
 from service.ipc.messages import InputTooLong, InvalidInput, TokenBatch
 from service.manifest import Manifest
 
@@ -28,6 +29,10 @@ class TextTokenizer(Protocol):
     #: requests of up to this many characters are tokenised on the API process's event loop (about a
     #: millisecond); longer ones in a thread, so other requests' HTTP work goes on meanwhile
     inline_chars: int
+    #: the special tokens ([CLS], [SEP], ...) a single text gets: a chunk's window is max_seq_length less these
+    special_tokens: int
+    #: the long-text splitters counting with this tokenizer (service/chunking.py)
+    splitters: SplitterCache
 
     def encode(self, texts: list[str], truncation_direction: str = "right") -> tuple[TokenBatch, np.ndarray]:
         """Each text truncated to max_seq_length, cutting the end (right) or the start (left); and the
@@ -62,6 +67,11 @@ class Tokenizer:
         self._full = HfTokenizer.from_file(path)  # counts a cut pair
         self._full.no_padding()
         self._full.no_truncation()
+        processor = self._full.post_processor
+        self.special_tokens = processor.num_special_tokens_to_add(False) if processor is not None else 0
+        full = self._full
+        self.splitters = SplitterCache(lambda kind, size, overlap: kind.from_huggingface_tokenizer(
+            full, capacity=size, overlap=overlap))
         self.vocab_size = self._right.get_vocab_size()
         self.wordpiece = BertWordPiece.for_tokenizer(path, self._right)
         # about a millisecond of either (python -m benchmarks.tokenization: the fast path costs an eighth)
@@ -256,10 +266,13 @@ class WordTokenizer:
 
     CLS, SEP, FAIL = 101, 102, 999
     inline_chars = 4096
+    special_tokens = 2
 
     def __init__(self, max_seq_length: int = 32, vocab_size: int = 31000):
         self.max_seq_length = max_seq_length
         self.vocab_size = vocab_size
+        self.splitters = SplitterCache(lambda kind, size, overlap: kind.from_callback(
+            lambda text: len(text.split()), capacity=size, overlap=overlap))
         self._words: dict[int, str] = {}  # the words seen, by id: what decode gives back
 
     def token_id(self, word: str) -> int:

@@ -54,9 +54,27 @@ class CollectionInfo:
 
 @dataclass(frozen=True)
 class Document:
+    """A stored document. A long text is several chunks, each a vector: `chunks` holds their [start, end)
+    character spans in `text`, and a write brings one vector per chunk in that order. None: one chunk,
+    one vector, for the whole text (what every document was before chunking)."""
+
     id: str
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    chunks: list[tuple[int, int]] | None = None
+
+    @property
+    def rows(self) -> int:
+        """The vectors this document has: one per chunk."""
+        return 1 if self.chunks is None else len(self.chunks)
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [(0, len(self.text))] if self.chunks is None else [(int(a), int(b)) for a, b in self.chunks]
+
+
+def vector_rows(documents: list[Document]) -> int:
+    """The rows of the vectors a write of `documents` brings: one per chunk."""
+    return sum(d.rows for d in documents)
 
 
 @dataclass
@@ -66,12 +84,19 @@ class Record:
     id: str
     text: str | None = None  # None when the read did not ask for it
     metadata: dict[str, Any] | None = None
-    vector: list[float] | None = None
+    vector: list[float] | None = None  # a chunked document's: its first chunk's
+    spans: list[tuple[int, int]] | None = None  # its chunks' spans (scan fills it: re-embedding keeps them)
 
 
 @dataclass
 class Hit(Record):
+    """A document a search found: its best chunk's score and span (start, end: character offsets in its
+    text); `chunks`, when asked, every chunk of it among the candidates as [start, end, score], best first."""
+
     score: float = 0.0
+    start: int | None = None
+    end: int | None = None
+    chunks: list[tuple[int, int, float]] | None = None
 
 
 @dataclass
@@ -94,6 +119,7 @@ class SearchParams:
     with_text: bool = True
     with_metadata: bool = True
     with_vector: bool = False
+    with_chunks: bool = False  # each hit lists every chunk of its document among the candidates (Hit.chunks)
     # dense: by the query vectors; lexical: BM25 over the stored texts, by `texts`; hybrid: both rankings
     # (`candidates` of each, at least k) fused by reciprocal rank: weight / (rrf_k + rank) summed
     mode: str = "dense"
@@ -110,11 +136,13 @@ class VectorIndex(Protocol):
     - names: collection names match validation.COLLECTION_PATTERN, ids validation.ID_PATTERN,
       metadata passes validation.check_metadata, vectors are (n, dimension), finite: else InvalidRequest.
     - create_collection: CollectionExists unless exist_ok and the existing one has the same dimension.
-    - upsert: an id already present is replaced (vector, text and metadata); one call's ids are distinct.
+    - upsert: an id already present is replaced (vectors, text and metadata); one call's ids are distinct;
+      vectors has one row per chunk (Document.rows), documents in order; a document is all its chunks or none.
     - get: the records found, in the order asked; unknown ids are left out.
     - delete: by ids (unknown ones ignored) or by filter, exactly one of them; count = documents removed.
-    - search: per query, up to k hits by descending score, only those passing the filter (applied
-      before ranking, so never short when enough documents match) and score >= score_threshold;
+    - search: per query, up to k documents by descending score of their best chunk (its span: Hit.start,
+      end), only those passing the filter (applied before ranking, so never short when enough documents
+      match) and score >= score_threshold;
       text/metadata/vector filled as SearchParams asks, None otherwise. `queries` may be None for
       mode lexical; a mode the collection cannot search (no lexical index) is an InvalidRequest.
     - every write returns WriteResult: what it changed, the sequence number now durable, the new total.

@@ -1,4 +1,7 @@
-"""One collection in memory: the document store (id → slot → text, metadata) over a VectorSet.
+"""One collection in memory: the document store (id → slots → text, metadata) over a VectorSet.
+
+A document is one slot per chunk (one for a short text), its chunks' slots consecutive: each holds the
+document and that chunk's span. Searches rank chunks and answer documents, each at its best chunk.
 
 Only the committer thread of LocalIndex changes a collection, after the change is durable in the
 log; searches and reads run beside it without a lock: the per-slot document list only grows or
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,8 +31,9 @@ class Collection:
         self.spec = spec
         self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu,
                                  quantization=spec.quantization, oversample=oversample, float_dir=float_dir)
-        self._docs: list[Document | None] = []  # by slot
-        self._slot_of: dict[str, int] = {}
+        self._docs: list[Document | None] = []  # by slot: a chunked document at each of its chunks' slots
+        self._spans: list[tuple[int, int]] = []  # by slot: the chunk's span in its document's text
+        self._slot_of: dict[str, int] = {}  # id → its first slot; its other chunks' follow it
         self._metadata = MetadataIndex()  # filters as numpy masks over slots
         self.lexical = LexicalIndex() if spec.lexical else None  # BM25 over the items' text (opt-in)
         self.sequence = 0
@@ -40,7 +45,8 @@ class Collection:
         self._cache_lock = threading.Lock()
 
     def __len__(self) -> int:
-        return self.vectors.count
+        """Documents (chunks: self.vectors.count)."""
+        return len(self._slot_of)
 
     def info(self) -> CollectionInfo:
         s = self.spec
@@ -52,25 +58,30 @@ class Collection:
     def upsert(self, documents: list[Document], vectors: np.ndarray) -> None:
         self._remove([d.id for d in documents])
         slots = self.vectors.append(vectors)
-        self._docs.extend(documents)
-        for slot, doc in zip(slots.tolist(), documents):
-            self._slot_of[doc.id] = slot
+        by_slot = [d for d in documents for _ in range(d.rows)]
+        self._spans.extend(span for d in documents for span in d.spans())  # before the documents: a reader
+        self._docs.extend(by_slot)  # that finds a slot's document finds its span
+        first = 0
+        for doc in documents:
+            self._slot_of[doc.id] = int(slots[first])
+            first += doc.rows
         if len(slots):
-            self._metadata.add(int(slots[0]), [d.metadata for d in documents], self.vectors.live_flags())
+            self._metadata.add(int(slots[0]), [d.metadata for d in by_slot], self.vectors.live_flags())
             if self.lexical is not None:  # after the documents: a slot the lexical index holds has its document
-                self.lexical.add(int(slots[0]), [d.text for d in documents])
+                self.lexical.add(int(slots[0]), [d.text[a:b] for d in documents for a, b in d.spans()])  # by chunk
         self._version += 1
 
     def delete(self, ids: list[str]) -> int:
         return self._remove(ids)
 
     def _remove(self, ids: list[str]) -> int:
-        slots = [self._slot_of.pop(i) for i in ids if i in self._slot_of]
+        firsts = [self._slot_of.pop(i) for i in ids if i in self._slot_of]
+        slots = [slot for first in firsts for slot in range(first, first + cast(Document, self._docs[first]).rows)]
         for slot in slots:
             self._docs[slot] = None
         self.vectors.kill(np.asarray(slots, dtype=np.int64))
         self._version += 1
-        return len(slots)
+        return len(firsts)
 
     def close(self) -> None:
         self.vectors.close()
@@ -79,7 +90,7 @@ class Collection:
 
     def ids_matching(self, filter_spec: dict[str, Any]) -> list[str]:
         """Called by the committer, so no slot it returns can have been emptied meanwhile."""
-        return [self._docs[slot].id for slot in self._allowed(filter_spec).tolist()]
+        return list(dict.fromkeys(self._docs[slot].id for slot in self._allowed(filter_spec).tolist()))
 
     def _allowed(self, filter_spec: dict[str, Any]) -> np.ndarray:
         """The live slots whose metadata passes the filter, ascending."""
@@ -116,27 +127,59 @@ class Collection:
 
     def scan(self, batch: int):
         for start in range(0, len(self._docs), batch):
-            docs = [d for d in self._docs[start: start + batch] if d is not None]
+            # a document once, at its first slot
+            docs = [d for slot, d in enumerate(self._docs[start: start + batch], start)
+                    if d is not None and self._slot_of.get(d.id) == slot]
             if docs:
-                yield [Record(d.id, d.text, d.metadata) for d in docs]
+                yield [Record(d.id, d.text, d.metadata, spans=None if d.chunks is None else d.spans()) for d in docs]
 
     def search(self, queries: np.ndarray | None, params: SearchParams) -> list[list[Hit]]:
         allowed = None if params.filter is None else self._allowed(params.filter)
-        results = []
-        for row_scores, row_slots in self._rankings(queries, params, allowed):
-            hits = []
-            for score, slot in zip(row_scores.tolist(), row_slots.tolist()):
-                doc = self._docs[slot] if slot >= 0 else None
-                if doc is None or (params.score_threshold is not None and score < params.score_threshold):
-                    continue
-                vector = self.vectors.vector(slot) if params.with_vector else None
-                if params.with_vector and vector is None:  # deleted while we searched
-                    continue
-                hits.append(Hit(doc.id, doc.text if params.with_text else None,
-                                doc.metadata if params.with_metadata else None,
-                                None if vector is None else vector.tolist(), score))
-            results.append(hits)
-        return results
+        chunks, documents = self.vectors.count, len(self._slot_of)
+        # Chunks are ranked, documents answered: enough chunks that k documents are among them. With one chunk
+        # per document that is k; else k × twice the mean chunks per document, doubled while a query comes back
+        # short of k documents and more chunks remain.
+        fetch = params.k if chunks <= documents else params.k * 2 * -(-chunks // max(documents, 1))
+        while True:
+            fetch = min(fetch, max(chunks, params.k))
+            ranked = params if fetch == params.k else replace(
+                params, k=fetch, ef_search=None if params.ef_search is None else max(params.ef_search, fetch))
+            results, short = [], False
+            for row_scores, row_slots in self._rankings(queries, ranked, allowed):
+                hits, more = self._collapse(row_scores.tolist(), row_slots.tolist(), params, fetch)
+                results.append(hits)
+                short |= more and len(hits) < params.k
+            if not short or fetch >= chunks:
+                return results
+            fetch *= 2
+
+    def _collapse(self, scores: list[float], slots: list[int], params: SearchParams,
+                  fetch: int) -> tuple[list[Hit], bool]:
+        """A query's ranked chunks as documents (best first, each at its best chunk), and whether more
+        chunks passing the threshold may follow the `fetch` ranked."""
+        hits: dict[str, Hit] = {}
+        passed = 0
+        for score, slot in zip(scores, slots):
+            doc = self._docs[slot] if slot >= 0 else None
+            if doc is None or (params.score_threshold is not None and score < params.score_threshold):
+                continue
+            passed += 1
+            start, end = self._spans[slot]
+            hit = hits.get(doc.id)
+            if hit is not None:  # a later (worse) chunk of a document already found
+                if hit.chunks is not None:
+                    hit.chunks.append((start, end, score))
+                continue
+            if len(hits) == params.k:
+                continue
+            vector = self.vectors.vector(slot) if params.with_vector else None
+            if params.with_vector and vector is None:  # deleted while we searched
+                continue
+            hits[doc.id] = Hit(doc.id, doc.text if params.with_text else None,
+                               doc.metadata if params.with_metadata else None,
+                               None if vector is None else vector.tolist(), score=score, start=start, end=end,
+                               chunks=[(start, end, score)] if params.with_chunks else None)
+        return list(hits.values()), len(slots) >= fetch and passed == len(slots)
 
     def _rankings(self, queries: np.ndarray | None, params: SearchParams,
                   allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -165,11 +208,13 @@ class Collection:
     # snapshots --------------------------------------------------------------------------------
 
     def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int, np.ndarray | None]:
-        """(spec, vectors, live rows, their documents, sequence, int8 ranges), called by the committer
+        """(spec, vectors, live rows, their documents (each once: its chunks are consecutive rows), sequence,
+        int8 ranges), called by the committer
         between writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows
         never change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
         rows = np.flatnonzero(live)
         docs = self._docs[: len(live)]
-        live_docs = cast(list[Document], [docs[r] for r in rows.tolist()])  # a live slot holds its document
+        # a live slot holds its document; a document's chunks are consecutive slots, all live or all dead
+        live_docs = cast(list[Document], [docs[r] for r in rows.tolist() if r == 0 or docs[r - 1] is not docs[r]])
         return self.spec, vectors, rows, live_docs, self.sequence, self.vectors.ranges

@@ -47,11 +47,12 @@ from service.index.base import (
     Record,
     SearchParams,
     WriteResult,
+    vector_rows,
 )
 from service.index.collection import Collection
 from service.index.filters import parse_filter
 from service.index.lexical import MODES
-from service.index.validation import check_collection_name, check_id, check_metadata, check_vectors
+from service.index.validation import check_chunks, check_collection_name, check_id, check_metadata, check_vectors
 from service.index.vectors import DEFAULT_OVERSAMPLE, check_oversample, check_quantization, parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
 
@@ -78,6 +79,15 @@ def _create_op(spec: CollectionSpec, exist_ok: bool) -> dict[str, Any]:
     if spec.lexical:  # only then: logs written before lexical indexes replay unchanged
         op["lex"] = True
     return op
+
+
+def _doc_entry(d: Document) -> list:
+    """A document in a log record or a snapshot: [id, text, metadata], and its chunk spans if it has several
+    (records and snapshots from before chunking have three fields: one chunk each)."""
+    entry: list = [d.id, d.text, d.metadata]
+    if d.chunks is not None:
+        entry.append([[int(a), int(b)] for a, b in d.chunks])
+    return entry
 
 
 def _stamp(model: dict | None) -> ModelStamp | None:
@@ -147,15 +157,17 @@ class LocalIndex:
 
     def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult:
         collection = self._get(name)
-        vectors = check_vectors(vectors, len(documents), collection.spec.dimension)
         seen = set()
         for d in documents:
             check_id(d.id)
             check_metadata(d.metadata, f"metadata of {d.id!r}")
+            check_chunks(d.id, d.text, d.chunks)
             if d.id in seen:
                 raise InvalidRequest(f"document id {d.id!r} appears twice in one write")
             seen.add(d.id)
-        op = {"op": "upsert", "c": name, "docs": [[d.id, d.text, d.metadata] for d in documents]}
+        vectors = check_vectors(vectors, vector_rows(documents), collection.spec.dimension)
+        # one record holds every chunk of every document: replay applies a document whole or not at all
+        op = {"op": "upsert", "c": name, "docs": [_doc_entry(d) for d in documents]}
         return self._submit(op, vectors.tobytes())
 
     def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[Record]:
@@ -348,8 +360,8 @@ class LocalIndex:
             return len(collection)
         collection.sequence = seq
         if kind == "upsert":
-            docs = [Document(i, t, m) for i, t, m in op["docs"]]
-            vectors = np.frombuffer(blob, dtype=np.float32).reshape(len(docs), collection.spec.dimension)
+            docs = [Document(*entry) for entry in op["docs"]]
+            vectors = np.frombuffer(blob, dtype=np.float32).reshape(vector_rows(docs), collection.spec.dimension)
             collection.upsert(docs, vectors)
             return len(docs)
         if kind == "delete":
@@ -454,8 +466,8 @@ class LocalIndex:
                 f.flush()
                 os.fsync(f.fileno())
             with open(tmp / f"{i}.docs.jsonl", "w", encoding="utf-8") as f:
-                for d in docs:
-                    f.write(json.dumps([d.id, d.text, d.metadata], ensure_ascii=False) + "\n")
+                for d in docs:  # one line per document; its chunks' vectors are consecutive rows of {i}.npy
+                    f.write(json.dumps(_doc_entry(d), ensure_ascii=False) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             if ranges is not None:
@@ -504,14 +516,16 @@ class LocalIndex:
             vectors = np.load(folder / f"{entry['file']}.npy", allow_pickle=False)
             with open(folder / f"{entry['file']}.docs.jsonl", encoding="utf-8") as f:
                 docs = [Document(*json.loads(line)) for line in f]
-            if len(docs) != len(vectors):
-                raise CorruptLog(f"snapshot {folder}: {len(docs)} documents for {len(vectors)} vectors")
+            if vector_rows(docs) != len(vectors):
+                raise CorruptLog(f"snapshot {folder}: {len(docs)} documents with {vector_rows(docs)} chunks for "
+                                 f"{len(vectors)} vectors")
             if docs:
                 collection.upsert(docs, vectors)
             collection.sequence = entry.get("sequence", manifest["sequence"])
             self._collections[spec.name] = collection
         self._seq = manifest["sequence"]
         return manifest["sequence"]
+
 
 
 def check_search_mode(name: str, lexical: bool, params: SearchParams) -> None:

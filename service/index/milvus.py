@@ -527,6 +527,11 @@ class MilvusIndex:
 
     def _upsert_rows(self, desc: dict, documents: list[Document], vectors: np.ndarray) -> None:
         """Check every document (nothing is written when one is refused), then upsert them in chunks."""
+        chunked = next((d.id for d in documents if d.chunks is not None), None)
+        if chunked is not None:
+            raise InvalidRequest(f"document {chunked!r} is chunked, and the milvus backend stores one vector per "
+                                 "document: send it with chunking false (its text is then truncated), or use the "
+                                 "local index (docs/long-documents.md)")
         vectors = check_vectors(vectors, len(documents), _dimension(desc))
         rows, seen = [], set()
         for d, v in zip(documents, vectors):
@@ -733,9 +738,12 @@ def _vector(row: dict) -> list[float]:
 
 
 def _hit(row: dict, score: float, params: SearchParams) -> Hit:
-    return Hit(row["id"], row.get("text", "") if params.with_text else None,
+    text = row.get("text")  # one vector per document here: its one chunk spans its text
+    return Hit(row["id"], (text or "") if params.with_text else None,
                (row.get("metadata") or {}) if params.with_metadata else None,
-               _vector(row) if params.with_vector else None, score)
+               _vector(row) if params.with_vector else None, score=score, start=None if text is None else 0,
+               end=None if text is None else len(text),
+               chunks=[(0, len(text), score)] if params.with_chunks and text is not None else None)
 
 
 def _rescored(query: np.ndarray, rows: list[dict]) -> list[dict]:

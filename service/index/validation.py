@@ -85,3 +85,21 @@ def check_vectors(vectors: Any, rows: int, dimension: int) -> np.ndarray:
     if not np.isfinite(vectors).all():
         raise InvalidRequest("vectors must hold finite numbers (no NaN or infinity)")
     return np.ascontiguousarray(vectors)
+
+
+#: chunks one document may have (a 2 MB request body of text makes far fewer)
+MAX_CHUNKS = 65_536
+
+
+def check_chunks(doc_id: str, text: str, chunks: Any) -> None:
+    """A document's chunk spans: None (one chunk, the whole text), or 1-MAX_CHUNKS [start, end) character
+    spans inside its text."""
+    if chunks is None:
+        return
+    if not isinstance(chunks, list | tuple) or not 1 <= len(chunks) <= MAX_CHUNKS:
+        raise InvalidRequest(f"chunks of {doc_id!r}: a list of 1 to {MAX_CHUNKS} [start, end] spans")
+    for span in chunks:
+        if (not isinstance(span, list | tuple) or len(span) != 2 or not all(type(v) is int for v in span)
+                or not 0 <= span[0] <= span[1] <= len(text)):
+            raise InvalidRequest(f"chunks of {doc_id!r}: {str(span)[:40]} is not a [start, end] span inside its "
+                                 f"text of {len(text)} characters")
