@@ -103,13 +103,13 @@ def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
     from service.ipc.stream import Reader, encode
 
     vector = np.ones(384, dtype="<f4").data
-    outgoing = [({"id": i, "shape": (1, 384), "prompt_tokens": 12, "queue_s": 0.001, "inference_s": 0.002},
-                 [vector]) for i in range(answers)]
+    outgoing: list[tuple[messages.Reply, messages.Frames]] = [
+        (messages.Vectors(i, (1, 384), 12, 0.001, 0.002), [vector]) for i in range(answers)]
     reader = Reader()
 
     def round_trip():
-        for header, *frames in reader.feed(b"".join(encode(messages.bundle(outgoing)))):
-            messages.unbundle(messages.unpack(header), frames)
+        for frames in reader.feed(b"".join(encode(messages.bundle_replies(outgoing)))):
+            messages.decode_replies(frames)
 
     joined = per_call_us(round_trip, repeat)
     threshold, messages.JOIN_BELOW = messages.JOIN_BELOW, 0  # every buffer its own frame

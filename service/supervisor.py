@@ -232,14 +232,14 @@ class Supervisor:
 
     def _stage(self, request: control.Stage, events, acks) -> control.Staged:
         """Start an engine for the export beside the serving one; answer once it is ready (or why not)."""
-        from service.ipc.messages import pack
+        from service.ipc.messages import Hello, encode
         from service.ipc.stream import ask
 
         token = next(self.generations)
         model = ModelEndpoint(request.name, request.export_dir, f"ipc://{self.run_dir}/engine-{token}.sock")
         child = self._engine(model.name, model.export_dir, model.endpoint)
         self._start(child)
-        while ask(model.endpoint, [pack({"op": "hello", "id": 0})], timeout_s=0.1) is None:
+        while ask(model.endpoint, encode(Hello(0)), timeout_s=0.1) is None:
             if not child.started.is_alive():
                 error = Path(child.args[-1])
                 raise RuntimeError(error.read_text() if error.exists() else f"the engine exited with "

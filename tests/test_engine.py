@@ -321,34 +321,44 @@ def test_stop_finishes_what_is_queued_then_refuses():
 def test_messages_bundled_into_one_come_apart_as_they_went_in():
     from service.ipc.messages import (
         JOIN_BELOW,
+        Cancel,
+        Embed,
+        Failed,
+        Overloaded,
         TokenBatch,
+        Vectors,
         batch_frames,
         batch_from_frames,
-        bundle,
-        pack,
-        unbundle,
-        unpack,
+        bundle_replies,
+        bundle_requests,
+        decode_replies,
+        decode_requests,
+        encode,
     )
 
-    vectors = np.arange(6, dtype="<f4").reshape(2, 3)
-    messages = [({"id": 1, "op": "embed", "rows": 2}, [b"payload"]), ({"id": 2, "op": "cancel"}, []),
-                ({"id": 3, "op": "embed"}, [b"a", b"", b"c"]), ({"id": 4}, [vectors.reshape(-1).data])]
-    frames = bundle(messages)
+    requests = [(Embed(1, 2), [b"payload"]), (Cancel(2), []), (Embed(3, 1, normalize=False), [b"a", b"", b"c"])]
+    frames = bundle_requests(requests)
     assert len(frames) == 2  # small: every header in the first frame, every buffer joined in the second
-    parts = unbundle(unpack(frames[0]), frames[1:])
-    assert [(h["id"], [bytes(f) for f in b]) for h, b in parts] == [
-        (1, [b"payload"]), (2, []), (3, [b"a", b"", b"c"]), (4, [vectors.tobytes()])]
-    assert np.frombuffer(parts[3][1][0], dtype="<f4").tolist() == vectors.reshape(-1).tolist()
-    cancels = bundle([({"id": 1, "op": "cancel"}, []), ({"id": 2, "op": "cancel"}, [])])
-    assert len(cancels) == 1 and [h["id"] for h, _ in unbundle(unpack(cancels[0]), cancels[1:])] == [1, 2]
+    parts = decode_requests(frames)
+    assert [(m, [bytes(f) for f in b]) for m, b in parts] == [(m, [bytes(f) for f in b]) for m, b in requests]
+    cancels = bundle_requests([(Cancel(1), []), (Cancel(2), [])])
+    assert len(cancels) == 1 and [m for m, _ in decode_requests(cancels)] == [Cancel(1), Cancel(2)]
+    vectors = np.arange(6, dtype="<f4").reshape(2, 3)
+    answers = [(Vectors(1, (2, 3), 5, 0.25, 0.5), [vectors.reshape(-1).data]),
+               (Failed.of(2, Overloaded("wait", retry_after_s=3.0)), [])]
+    parts = decode_replies(bundle_replies(answers))
+    assert [m for m, _ in parts] == [m for m, _ in answers]
+    assert np.frombuffer(parts[0][1][0], dtype="<f4").tolist() == vectors.reshape(-1).tolist()
+    error = parts[1][0].exception()
+    assert type(error) is Overloaded and str(error) == "wait" and error.retry_after_s == 3.0
     # large buffers travel as frames of their own, uncopied
     big = np.ones(JOIN_BELOW // 4, dtype="<f4").data
-    frames = bundle([({"id": 1}, [b"x"]), ({"id": 2}, [big])])
+    frames = bundle_replies([(Vectors(1, (1, 1), 1, 0, 0), [b"x"]), (Vectors(2, (1, len(big)), 1, 0, 0), [big])])
     assert len(frames) == 3 and frames[2] is big
-    parts = unbundle(unpack(frames[0]), frames[1:])
-    assert [h["id"] for h, _ in parts] == [1, 2] and parts[0][1] == [b"x"] and parts[1][1][0] is big
-    single = bundle(messages[:1])  # one message travels as itself
-    assert single == [pack(messages[0][0]), b"payload"] and unbundle(unpack(single[0]), single[1:])[0][0]["id"] == 1
+    parts = decode_replies(frames)
+    assert [m.id for m, _ in parts] == [1, 2] and parts[0][1] == [b"x"] and parts[1][1][0] is big
+    single = bundle_requests(requests[:1])  # one message travels as itself
+    assert single == encode(Embed(1, 2), b"payload") and decode_requests(single)[0][0] == Embed(1, 2)
     # a token batch crosses as one buffer, with and without type ids, and comes back as views of it
     for types in (None, [[0, 0, 1], [1]]):
         batch = TokenBatch.from_rows([[101, 7, 102], [5]], types)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import socket
 import threading
@@ -16,13 +15,26 @@ from service.api.client import SocketEngineClient
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine, EngineConfig
 from service.engine.server import EngineServer
-from service.ipc.messages import EngineUnavailable, batch_frames, pack, unpack
-from service.ipc.stream import MAX_FRAMES, Reader, ask, encode, socket_path, unwritten
+from service.ipc.messages import (
+    Embed,
+    EngineUnavailable,
+    Hello,
+    ModelInfo,
+    Ping,
+    Vectors,
+    Welcome,
+    batch_frames,
+    decode_replies,
+    decode_requests,
+    encode,
+)
+from service.ipc.stream import MAX_FRAMES, Reader, ask, socket_path, unwritten
+from service.ipc.stream import encode as stream_encode
 from tests.conftest import until, wait_until
 
 
 def wire(frames) -> bytes:
-    return b"".join(bytes(memoryview(b).cast("B")) for b in encode(frames))
+    return b"".join(bytes(memoryview(b).cast("B")) for b in stream_encode(frames))
 
 
 def test_messages_come_out_whole_however_the_stream_is_cut():
@@ -67,7 +79,7 @@ class Served:
         self.server = EngineServer(self.engine, endpoint)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
-        wait_until(lambda: ask(endpoint, [pack({"op": "ping", "id": 0})], timeout_s=1) is not None, 10,
+        wait_until(lambda: ask(endpoint, encode(Ping()), timeout_s=1) is not None, 10,
                    what="the engine server to answer a ping")
 
     def stop(self) -> None:
@@ -85,12 +97,12 @@ def endpoint(tmp_path):
 class SilentEngine:
     """Says hello, then takes requests and never answers: an engine that is about to die."""
 
-    def __init__(self, endpoint: str, info: dict):
+    def __init__(self, endpoint: str, info: ModelInfo):
         self.listener = socket.socket(socket.AF_UNIX)
         self.listener.bind(socket_path(endpoint))
         self.listener.listen(1)
         self.info = info
-        self.requests: list[dict] = []
+        self.requests: list[Embed] = []
         self.connection: socket.socket | None = None
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -100,13 +112,12 @@ class SilentEngine:
         reader = Reader()
         with contextlib.suppress(OSError):
             while data := self.connection.recv(65536):
-                for header_frame, *_ in reader.feed(data):
-                    header = unpack(header_frame)
-                    if header["op"] == "hello":
-                        self.connection.sendall(wire([pack({"op": "hello", "id": header["id"], "info": self.info,
-                                                            "pid": 1})]))
-                    elif header["op"] == "embed":
-                        self.requests.append(header)
+                for frames in reader.feed(data):
+                    for request, _ in decode_requests(frames):
+                        if isinstance(request, Hello):
+                            self.connection.sendall(wire(encode(Welcome(request.id, self.info, 1))))
+                        elif isinstance(request, Embed):
+                            self.requests.append(request)
 
     def die(self) -> None:
         self.connection.shutdown(socket.SHUT_RDWR)
@@ -145,7 +156,7 @@ def test_an_engine_that_dies_fails_its_requests_at_once_and_a_new_one_is_reconne
     info = FakeBackend().info
 
     async def main():
-        silent = SilentEngine(endpoint, dataclasses.asdict(info))
+        silent = SilentEngine(endpoint, info)
         client = await SocketEngineClient(endpoint).connect(timeout_s=10)
         try:
             waiting = asyncio.ensure_future(client.embed(FakeBackend().tokenize(["a b"])))
@@ -176,13 +187,15 @@ def test_a_connection_that_closes_drops_its_queued_rows(endpoint):
     served = Served(endpoint)
     try:
         served.backend.gate.clear()  # the first pass waits: the next request's rows stay queued
-        hello = ask(endpoint, [pack({"op": "hello", "id": 0})], timeout_s=5)
-        assert hello is not None and unpack(hello[0])["info"]["dimension"] == 8
+        hello = ask(endpoint, encode(Hello(0)), timeout_s=5)
+        assert hello is not None
+        ((welcome, _),) = decode_replies(hello)
+        assert isinstance(welcome, Welcome) and welcome.info.dimension == 8
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(socket_path(endpoint))
             for request_id, text in ((1, "a b"), (2, "c d")):  # the second while the first's pass waits
                 frames = batch_frames(served.backend.tokenize([text]))
-                sock.sendall(wire([pack({"op": "embed", "id": request_id, "rows": 1}), *frames]))
+                sock.sendall(wire(encode(Embed(request_id, 1), *frames)))
                 assert served.backend.at_gate.wait(5)
             wait_until(lambda: served.engine.queue.queued_rows() == 1, 10, what="the second request's row queued")
             assert served.engine.in_flight == 2 and served.engine.queue.queued_rows() == 1
@@ -191,7 +204,7 @@ def test_a_connection_that_closes_drops_its_queued_rows(endpoint):
         served.backend.gate.set()
         # a later request, answered, proves the dropped row is gone: still queued, it would have run before or with it
         later = batch_frames(served.backend.tokenize(["e f g"]))
-        assert ask(endpoint, [pack({"op": "embed", "id": 3, "rows": 1}), *later], timeout_s=10) is not None
+        assert ask(endpoint, encode(Embed(3, 1), *later), timeout_s=10) is not None
         # the first request's pass ([CLS] a b [SEP]), then the later one's alone: the queued row never ran
         assert served.backend.passes == [[4], [5]]
     finally:
@@ -227,5 +240,31 @@ def test_a_wake_up_read_early_never_leaves_the_engine_asleep(endpoint, monkeypat
                 await client.close()
 
         asyncio.run(main())
+    finally:
+        served.stop()
+
+
+def test_a_header_that_is_no_request_is_dropped_and_never_dispatched(endpoint, caplog):
+    """The engine decodes headers into its request types only: a private method's name, the old dict shape or a
+    reply is logged and dropped, nothing is called, and the connection goes on serving."""
+    import msgpack
+
+    served = Served(endpoint)
+    try:
+        batch = batch_frames(served.backend.tokenize(["a b"]))
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(socket_path(endpoint))
+            for wrong in ([msgpack.packb({"op": "_close", "id": 1})], [msgpack.packb([7, 1])],  # 7: Pong's tag
+                          [msgpack.packb({"op": "embed", "id": 2, "rows": 1}), *batch]):
+                sock.sendall(wire(wrong))
+            sock.sendall(wire(encode(Embed(3, 1), *batch)))
+            reader, answers = Reader(), []
+            sock.settimeout(10)
+            while not answers:
+                answers = reader.feed(sock.recv(65536))
+        ((vectors, frames),) = decode_replies(answers[0])
+        assert isinstance(vectors, Vectors) and vectors.id == 3 and vectors.shape == (1, 8)
+        assert sum("is not a request" in r.getMessage() for r in caplog.records) == 3
+        assert served.engine.in_flight == 0 and served.backend.passes == [[4]]
     finally:
         served.stop()

@@ -15,23 +15,37 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Any, Protocol, cast
+from collections.abc import Callable
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
 from service.ipc.messages import (
+    Cancel,
+    Embed,
     EmbedResult,
     EngineUnavailable,
+    Failed,
+    Frames,
+    Health,
+    Healthy,
+    Hello,
+    InferenceFailed,
     ModelInfo,
+    Ping,
+    Pong,
+    Reply,
+    Request,
     TokenBatch,
+    Vectors,
+    Welcome,
     batch_frames,
-    bundle,
-    pack,
-    raise_error,
-    unbundle,
-    unpack,
+    bundle_requests,
+    decode_replies,
+    encode,
 )
-from service.ipc.stream import Reader, encode, socket_path
+from service.ipc.stream import Reader, socket_path
+from service.ipc.stream import encode as stream_encode
 
 log = logging.getLogger("sembed.client")
 
@@ -41,12 +55,19 @@ DEAD_AFTER_S = 0.8
 #: how often a client without a connection tries again
 RECONNECT_S = 0.1
 
+R = TypeVar("R", bound=Reply)
+
 
 class EngineClient(Protocol):
     info: ModelInfo
 
     @property
     def ready(self) -> bool: ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered (a replaced model's client closes once this is 0)."""
+        ...
 
     async def embed(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
                     tokens: bool = False) -> EmbedResult: ...
@@ -84,10 +105,12 @@ class InProcessEngineClient:
 
 class _Connection(asyncio.BufferedProtocol):
     """The client's side of one connection: the socket reads straight into the reader's buffer; whole messages
-    go to the client, and so does the connection's end."""
+    go to `on_message`, and the connection's end to `on_lost`."""
 
-    def __init__(self, client: SocketEngineClient):
-        self.client = client
+    def __init__(self, on_message: Callable[[list[memoryview]], None],
+                 on_lost: Callable[[_Connection], None]):
+        self.on_message = on_message
+        self.on_lost = on_lost
         self.reader = Reader()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -95,10 +118,10 @@ class _Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         for frames in self.reader.buffer_updated(nbytes):
-            self.client._received(frames)
+            self.on_message(frames)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client._lost(self)
+        self.on_lost(self)
 
 
 class SocketEngineClient:
@@ -116,9 +139,9 @@ class SocketEngineClient:
         self._disconnected = asyncio.Event()
         self._closed = False
         # messages of this loop turn, (header, buffers) each, sent together
-        self._outbox: list[tuple[tuple[dict[str, Any], list], asyncio.Future]] = []
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: list[tuple[tuple[Request, Frames], asyncio.Future[tuple[Reply, Frames]]]] = []
+        self._ids = itertools.count(1)  # request ids start at 1: a Ping's 0 is no request's
+        self._pending: dict[int, asyncio.Future[tuple[Reply, Frames]]] = {}
         self._tasks: list[asyncio.Task] = []
         self._last_pong = 0.0
         self._engine_ready = False
@@ -132,15 +155,15 @@ class SocketEngineClient:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                header, _ = await self._call({"op": "hello"}, timeout_s=1.0)
+                welcome, _ = await self._call(Hello(next(self._ids)), Welcome, timeout_s=1.0)
                 break
             except (EngineUnavailable, TimeoutError):
                 if time.monotonic() > deadline:
                     await self.close()
                     raise EngineUnavailable(f"no engine answered at {self.endpoint} in {timeout_s:.0f} s") from None
                 await asyncio.sleep(RECONNECT_S)
-        self.info = ModelInfo(**header["info"])
-        self.engine_pid = header["pid"]
+        self.info = welcome.info
+        self.engine_pid = welcome.pid
         self._last_pong = time.monotonic()
         self._engine_ready = True
         return self
@@ -157,15 +180,13 @@ class SocketEngineClient:
                     tokens: bool = False) -> EmbedResult:
         """`batch`'s vectors, [n, dim]; with `tokens`, every row's token states end to end, [total tokens, hidden]
         (TEI's /embed_all)."""
-        header = {"op": "embed", "normalize": normalize, "timeout_s": timeout_s, "rows": len(batch)}
-        if tokens:  # only then: /embed's header stays as it was
-            header["tokens"] = True
-        reply, frames = await self._call(header, batch_frames(batch))
-        vectors = np.frombuffer(frames[0], dtype="<f4").reshape(reply["shape"])
-        return EmbedResult(vectors, reply["prompt_tokens"], reply["queue_s"], reply["inference_s"])
+        request = Embed(next(self._ids), len(batch), normalize, timeout_s, tokens)
+        reply, frames = await self._call(request, Vectors, batch_frames(batch))
+        vectors = np.frombuffer(frames[0], dtype="<f4").reshape(reply.shape)
+        return EmbedResult(vectors, reply.prompt_tokens, reply.queue_s, reply.inference_s)
 
     async def health(self) -> None:
-        await self._call({"op": "health"}, timeout_s=30.0)
+        await self._call(Health(next(self._ids)), Healthy, timeout_s=30.0)
 
     async def close(self) -> None:
         self._closed = True
@@ -175,29 +196,31 @@ class SocketEngineClient:
         if self._transport is not None:
             self._transport.close()
 
-    async def _call(self, header: dict[str, Any], frames: list | None = None,
-                    timeout_s: float | None = None) -> tuple[dict[str, Any], list]:
-        request_id = next(self._ids)
-        future = self._loop.create_future()
-        self._pending[request_id] = future
+    async def _call(self, request: Request, expected: type[R], frames: Frames | None = None,
+                    timeout_s: float | None = None) -> tuple[R, Frames]:
+        """Send `request` with this loop turn's others; its answer (an `expected`), or the engine's error raised."""
+        future: asyncio.Future[tuple[Reply, Frames]] = self._loop.create_future()
+        self._pending[request.id] = future
         try:
             if not self._outbox:
                 self._loop.call_soon(self._flush)
-            self._outbox.append((({**header, "id": request_id}, frames or []), future))
+            self._outbox.append(((request, frames or []), future))
             if timeout_s is None:
                 reply, frames = await future
             else:
                 async with asyncio.timeout(timeout_s):
                     reply, frames = await future
         except asyncio.CancelledError:
-            if header["op"] == "embed":  # the caller left: the engine drops its rows not yet run
+            if isinstance(request, Embed):  # the caller left: the engine drops its rows not yet run
                 with contextlib.suppress(EngineUnavailable):
-                    self._send([pack({"op": "cancel", "id": request_id})])
+                    self._send(encode(Cancel(request.id)))
             raise
         finally:
-            self._pending.pop(request_id, None)
-        if "error" in reply:
-            raise_error(reply)
+            self._pending.pop(request.id, None)
+        if isinstance(reply, Failed):
+            raise reply.exception()
+        if not isinstance(reply, expected):
+            raise InferenceFailed(f"the engine answered a {type(request).__name__} with a {type(reply).__name__}")
         return reply, frames
 
     def _flush(self) -> None:
@@ -206,27 +229,26 @@ class SocketEngineClient:
         if not outbox:
             return
         try:
-            self._send(bundle([message for message, _ in outbox]))
+            self._send(bundle_requests([message for message, _ in outbox]))
         except EngineUnavailable as e:
             for _, future in outbox:
                 if not future.done():
                     future.set_exception(e)
 
-    def _send(self, frames: list) -> None:
+    def _send(self, frames: Frames) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             raise EngineUnavailable(f"the engine at {self.endpoint} is not running (restarting?)")
-        transport.writelines(encode(frames))
+        transport.writelines(stream_encode(frames))
 
-    def _received(self, frames: list) -> None:
-        header_frame, *buffers = frames
-        for header, message_buffers in unbundle(unpack(header_frame), buffers):
-            if header.get("op") == "pong":
-                self._pong(header)
+    def _received(self, frames: list[memoryview]) -> None:
+        for reply, buffers in decode_replies(frames):
+            if isinstance(reply, Pong):
+                self._pong(reply)
                 continue
-            future = self._pending.get(header.get("id", 0))  # request ids start at 1
+            future = self._pending.get(reply.id)
             if future is not None and not future.done():
-                future.set_result((header, message_buffers))
+                future.set_result((reply, buffers))
 
     def _lost(self, connection: _Connection) -> None:
         if connection is not self._connection:
@@ -242,25 +264,25 @@ class SocketEngineClient:
         while not self._closed:
             await self._disconnected.wait()
             try:
-                transport, connection = await self._loop.create_unix_connection(lambda: _Connection(self),
-                                                                                self._path)
+                transport, connection = await self._loop.create_unix_connection(
+                    lambda: _Connection(self._received, self._lost), self._path)
             except OSError:  # not there yet, or being restarted
                 await asyncio.sleep(RECONNECT_S)
                 continue
             self._transport, self._connection = cast(asyncio.Transport, transport), connection
             self._disconnected.clear()
 
-    def _pong(self, header: dict[str, Any]) -> None:
+    def _pong(self, pong: Pong) -> None:
         self._last_pong = time.monotonic()
-        self._engine_ready = header["ready"]
-        if header["pid"] != self.engine_pid and self.engine_pid is not None:
-            log.info("engine at %s is now pid %d (was %d)", self.endpoint, header["pid"], self.engine_pid)
-            self.engine_pid = header["pid"]
+        self._engine_ready = pong.ready
+        if pong.pid != self.engine_pid and self.engine_pid is not None:
+            log.info("engine at %s is now pid %d (was %d)", self.endpoint, pong.pid, self.engine_pid)
+            self.engine_pid = pong.pid
 
     async def _heartbeat(self) -> None:
         while True:
             with contextlib.suppress(EngineUnavailable):
-                self._send([pack({"op": "ping", "id": 0})])
+                self._send(encode(Ping()))
             await asyncio.sleep(HEARTBEAT_S)
             if self._pending and time.monotonic() - self._last_pong > DEAD_AFTER_S:
                 self._fail_pending(f"the engine at {self.endpoint} stopped answering (it is being restarted)")

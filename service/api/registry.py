@@ -380,7 +380,7 @@ async def retire(model: ServedModel, grace_s: float) -> None:
     """Close a replaced model's engine client once the requests it holds are answered (or the grace is over)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_s
-    while (model.held or getattr(model.client, "in_flight", 0)) and loop.time() < deadline:
+    while (model.held or model.client.in_flight) and loop.time() < deadline:
         await asyncio.sleep(0.05)
     model.cache.drop(model.name)
     await model.client.close()

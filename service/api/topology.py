@@ -39,19 +39,19 @@ class Topology:
     acks_endpoint: str  # ...and acknowledged here
 
 
-def load_tokenizer(settings: Settings, export_dir: str | Path, max_seq_length: int):
-    """The engine's model's tokenizer (the fake backend's words are tokens)."""
-    return WordTokenizer(max_seq_length) if settings.backend == "fake" else Tokenizer(export_dir)
+def load_tokenizer(info: ModelInfo, export_dir: str | Path):
+    """The tokenizer the engine's model names (the fake backend's words are tokens)."""
+    return WordTokenizer(info.max_seq_length) if info.tokenizer == "words" else Tokenizer(export_dir)
 
 
-async def connect_model(settings: Settings, model: ModelEndpoint, timeout_s: float = 600.0):
+async def connect_model(model: ModelEndpoint, timeout_s: float = 600.0):
     client = await SocketEngineClient(model.endpoint).connect(timeout_s)
-    return client, load_tokenizer(settings, model.export_dir, client.info.max_seq_length)
+    return client, load_tokenizer(client.info, model.export_dir)
 
 
 async def connect_registry(topology: Topology, settings: Settings, metrics: ApiMetrics) -> ModelRegistry:
     registry = ModelRegistry(metrics, settings.auto_truncate, settings.cache_mb)
-    connected = await asyncio.gather(*(connect_model(settings, m) for m in topology.models))
+    connected = await asyncio.gather(*(connect_model(m) for m in topology.models))
     for model, (client, tokenizer) in zip(topology.models, connected):
         registry.add(model.name, client, tokenizer)
     return registry
@@ -95,7 +95,7 @@ class SupervisorLoader:
     async def stage(self, name: str, export_dir: Path) -> ServedModel:
         reply = await self._request(control.Stage(name, str(export_dir)))
         assert isinstance(reply, control.Staged)
-        client, tokenizer = await connect_model(self.settings, ModelEndpoint(name, str(export_dir), reply.endpoint))
+        client, tokenizer = await connect_model(ModelEndpoint(name, str(export_dir), reply.endpoint))
         staged = self.registry.served(client, tokenizer)
         staged.token = reply.token
         self._staged[reply.token] = staged
@@ -131,7 +131,7 @@ class SupervisorLoader:
             staged = self._staged.pop(event.token, None)
             if staged is None:
                 model = ModelEndpoint(event.name, event.export_dir, event.endpoint)
-                staged = self.registry.served(*await connect_model(self.settings, model))
+                staged = self.registry.served(*await connect_model(model))
             old = self.registry.replace(event.name, staged)
             asyncio.ensure_future(retire(old, self.settings.shutdown_grace_s))
             await acks.send(control.encode(control.Acknowledged(event.token, os.getpid())))

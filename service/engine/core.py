@@ -66,6 +66,15 @@ class EngineConfig:
                    request_timeout_s=s.request_timeout_s, prefetch=s.device == "cuda")
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine's heartbeat answer reports besides readiness."""
+
+    in_flight: int  # rows held: queued or running
+    queued_rows: int  # rows not yet in a pass
+    tokens_per_s: float | None  # the measured rate admission estimates waits with (None: none measured yet)
+
+
 class Engine:
     def __init__(self, backend: Backend, config: EngineConfig | None = None, metrics: EngineMetrics | None = None):
         config = config or EngineConfig.from_settings()
@@ -102,16 +111,19 @@ class Engine:
             thread.start()
         self._accepting = True
 
+    def refuse_new(self) -> None:
+        """Draining: new requests get NotReady; what is queued still runs."""
+        self._accepting = False
+
     def stop(self) -> None:
         """Refuse new requests, let queued ones finish, then end the threads."""
-        self._accepting = False
+        self.refuse_new()
         self.queue.close()
         for thread in self._threads:
             thread.join()
 
-    def stats(self) -> dict[str, float | None]:
-        return {"in_flight": self._held_inputs, "queued_rows": self.queue.queued_rows(),
-                "tokens_per_s": self.admission.rate}
+    def stats(self) -> EngineStats:
+        return EngineStats(self._held_inputs, self.queue.queued_rows(), self.admission.rate)
 
     # --- the request path ------------------------------------------------------------------------
     def submit(self, batch: TokenBatch, *, normalize: bool = True, timeout_s: float | None = None,
@@ -208,7 +220,7 @@ class Engine:
         states = None
         try:
             if any(job.token_states for job, _, _ in parts):  # /embed_all's rows: this pass gives token states too
-                normalized, raw, states = self.backend.run_tokens(batch, seq_len)  # type: ignore[attr-defined]
+                normalized, raw, states = self.backend.run_tokens(batch, seq_len)
             else:
                 normalized, raw = self.backend.run(batch, seq_len)
         except Exception as e:

@@ -90,6 +90,30 @@ class Job:
     def finished(self) -> bool:
         return self._finished
 
+    # --- scheduling: the queue's view (rows in scheduling order, shortest first) -----------------------
+    @property
+    def scheduled(self) -> int:
+        """Rows already put in passes: the next pass's share starts at this scheduling position."""
+        return self._cursor
+
+    @property
+    def unscheduled(self) -> int:
+        return self.size - self._cursor
+
+    @property
+    def sorted_lengths(self) -> list[int]:
+        """Each row's length in scheduling order (ascending; not a copy: read it, never change it)."""
+        return self._sorted
+
+    def schedule(self, n: int, now: float) -> tuple[Job, int, int]:
+        """The next `n` rows go in a pass formed `now`: this job's part of it, (job, start, n)."""
+        start = self._cursor
+        self._cursor += n
+        self.served_tokens += self.tokens(start, n)
+        if self.scheduled_at is None:
+            self.scheduled_at = now
+        return self, start, n
+
     def rows(self, start: int, n: int) -> TokenBatch:
         """The rows at scheduling positions start.. as a backend takes them (views)."""
         return self._scheduled.slice(start, start + n)
@@ -178,7 +202,7 @@ class BatchQueue:
 
     def queued_rows(self) -> int:
         with self._cond:
-            return sum(j.size - j._cursor for j in self._jobs)
+            return sum(j.unscheduled for j in self._jobs)
 
     @property
     def queued_tokens(self) -> int:
@@ -249,7 +273,7 @@ class BatchQueue:
         for job in jobs:
             if rows == cap:
                 break
-            lengths, position = job._sorted, job._cursor
+            lengths, position = job.sorted_lengths, job.scheduled
             while position < job.size and rows < cap:
                 own = padded_length(lengths[position], multiple)
                 new_len = max(seq_len, own)
@@ -262,19 +286,13 @@ class BatchQueue:
                 rows, position, seq_len, shortest = rows + n, position + n, new_len, new_short
                 if n < same_length:
                     break  # the pass is full
-            if position > job._cursor:
-                taken[job] = position - job._cursor
+            if position > job.scheduled:
+                taken[job] = position - job.scheduled
         now = time.monotonic()
-        parts = []
-        for job, n in taken.items():
-            parts.append((job, job._cursor, n))
-            job.served_tokens += job.tokens(job._cursor, n)
-            job._cursor += n
-            if job.scheduled_at is None:
-                job.scheduled_at = now
+        parts = [job.schedule(n, now) for job, n in taken.items()]
         for job in self._jobs:
             if job not in taken:
                 job.passed_over += 1
-        self._jobs = [j for j in self._jobs if j._cursor < j.size]
+        self._jobs = [j for j in self._jobs if j.unscheduled]
         self._queued_tokens = sum(j.prompt_tokens - j.served_tokens for j in self._jobs)
         return Batch(parts)

@@ -6,13 +6,14 @@ non-blocking sockets and one selector, as vLLM's engine core does with its socke
 or a finished job wakes it, takes every message waiting (admitting each embed into the queue), then answers
 every job the inference thread finished meanwhile. No task, future or thread hand-off per request: the
 inference thread only appends a finished job to a deque, and writes one wake-up byte when the I/O thread is not
-already awake. A connection that closes (its API process died) cancels the rows it had queued. Ops:
+already awake. A connection that closes (its API process died) cancels the rows it had queued. The messages are
+service/ipc/messages.py's structs, one handler each (`EngineServer.handlers`, by the message's type):
 
-    hello   → the model's info (what the API process needs to validate and answer)
-    ping    → pong: alive, ready, queue stats (the clients' heartbeat: a hung engine is noticed)
-    embed   → vectors (with "tokens": every row's token states), or an error kind the client raises as the same class
-    cancel  → the caller left: its rows not yet run are dropped
-    health  → a real forward pass (TEI's /health)
+    Hello   → Welcome: the model's info (what the API process needs to validate and answer)
+    Ping    → Pong: alive, ready, queue stats (the clients' heartbeat: a hung engine is noticed)
+    Embed   → Vectors (with `tokens`: every row's token states), or Failed: a kind the client raises as the same class
+    Cancel  → the caller left: its rows not yet run are dropped
+    Health  → Healthy after a real forward pass (TEI's /health), or Failed
 """
 
 from __future__ import annotations
@@ -25,15 +26,39 @@ import selectors
 import signal
 import socket
 import threading
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from service.engine.backends import create_backend
 from service.engine.backends.cpu import int8_variant
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
-from service.ipc.messages import EngineError, batch_from_frames, bundle, error_header, pack, unbundle, unpack
-from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, encode, socket_path, unwritten
+from service.ipc.messages import (
+    Buffer,
+    Cancel,
+    Embed,
+    EngineError,
+    Failed,
+    Frames,
+    Health,
+    Healthy,
+    Hello,
+    Ping,
+    Pong,
+    Reply,
+    Request,
+    Vectors,
+    Welcome,
+    batch_from_frames,
+    bundle_replies,
+    decode_requests,
+    encode,
+)
+from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, socket_path, unwritten
+from service.ipc.stream import encode as stream_encode
 from service.manifest import Manifest
 from service.metrics import EngineMetrics
 from service.process import settle_memory
@@ -53,7 +78,7 @@ class Peer:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.reader = Reader()
-        self.unsent: list = []
+        self.unsent: list[Buffer] = []
         self.closed = False
 
 
@@ -68,14 +93,17 @@ class EngineServer:
         self._jobs: dict[tuple[Peer, int], Job] = {}  # admitted, not yet answered or cancelled
         self._health_checks = 0
         # finished jobs (and health answers) from the engine's threads; the I/O thread answers them
-        self._done: collections.deque = collections.deque()
+        self._done: collections.deque[Job | tuple[Peer, Reply]] = collections.deque()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._awake = False  # a wake-up byte is on its way or the I/O thread is about to look: no more needed
         self._stopping = False
         # while answering a pass: (header, buffers) messages by peer
-        self._bundling: dict[Peer, list[tuple[dict, list]]] | None = None
+        self._bundling: dict[Peer, list[tuple[Reply, Frames]]] | None = None
+        #: what each message does: the decoder admits only these types
+        self.handlers: dict[type[Request], Callable[[Peer, Any, Frames], None]] = {
+            Embed: self._embed, Cancel: self._cancel, Ping: self._ping, Hello: self._hello, Health: self._health_check}
 
     def serve(self) -> None:
         with contextlib.suppress(FileNotFoundError):  # a socket file left by an engine that died at this address
@@ -89,7 +117,7 @@ class EngineServer:
             while True:
                 if self._stopping:
                     # drain: requests already admitted finish and are answered; new ones get NotReady
-                    self.engine._accepting = False
+                    self.engine.refuse_new()
                     if not self._jobs and not self._health_checks and not any(p.unsent for p in self._peers):
                         break
                 for key, events in self._selector.select(POLL_MS / 1000):
@@ -120,7 +148,7 @@ class EngineServer:
         self._wake()
 
     # --- engine threads → I/O thread ------------------------------------------------------------
-    def _finished(self, item) -> None:
+    def _finished(self, item: Job | tuple[Peer, Reply]) -> None:
         self._done.append(item)
         if not self._awake:
             self._wake()
@@ -171,10 +199,15 @@ class EngineServer:
                 log.exception("an API process sent a corrupt stream; closing its connection")
                 self._close(peer)
                 return
-            for header_frame, *frames in messages:
-                for header, buffers in unbundle(unpack(header_frame), frames):
+            for frames in messages:
+                try:
+                    requests = decode_requests(frames)
+                except (msgspec.ValidationError, msgspec.DecodeError) as e:  # not one of our messages: never run
+                    log.error("an API process sent a message that is not a request (%s): dropped", e)
+                    continue
+                for request, buffers in requests:
                     try:
-                        self._handle(peer, header, buffers)
+                        self.handlers[type(request)](peer, request, buffers)
                     except Exception:  # never let one message take the server down
                         log.exception("a message to the engine failed")
 
@@ -190,10 +223,10 @@ class EngineServer:
         for key in [key for key in self._jobs if key[0] is peer]:
             self.engine.release(self._jobs.pop(key))
 
-    def _send(self, peer: Peer, frames: list) -> None:
-        self._write(peer, encode(frames))
+    def _send(self, peer: Peer, frames: Frames) -> None:
+        self._write(peer, stream_encode(frames))
 
-    def _write(self, peer: Peer, buffers: list) -> None:
+    def _write(self, peer: Peer, buffers: list[Buffer]) -> None:
         """Write what the socket takes now; the rest waits for it to be writable (in order, after any earlier rest)."""
         if peer.closed:
             return
@@ -211,33 +244,37 @@ class EngineServer:
         if bool(unsent) != was_waiting:
             self._selector.modify(peer.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if unsent else 0), peer)
 
-    def _handle(self, peer: Peer, header: dict, frames: list) -> None:
-        op = header["op"]
-        request_id = header["id"]
-        if op == "embed":
-            try:
-                job = self.engine.submit(batch_from_frames(header["rows"], *frames),
-                                         normalize=header.get("normalize", True),
-                                         timeout_s=header.get("timeout_s"), on_done=self._finished,
-                                         context=(peer, request_id), tokens=header.get("tokens", False))
-            except Exception as e:
-                if not isinstance(e, EngineError):
-                    log.exception("request failed in the engine")
-                self._reply(peer, error_header(request_id, e))
-                return
-            self._jobs[(peer, request_id)] = job
-        elif op == "cancel":  # the client left and is told nothing: it no longer waits
-            cancelled = self._jobs.pop((peer, request_id), None)
-            if cancelled is not None:
-                self.engine.release(cancelled)
-        elif op == "ping":
-            self._reply(peer, {"op": "pong", "id": request_id, "ready": self.engine.ready, "pid": os.getpid(),
-                               **self.engine.stats()})
-        elif op == "hello":
-            self._reply(peer, {"op": "hello", "id": request_id, "info": asdict(self.engine.info), "pid": os.getpid()})
-        elif op == "health":
-            self._health_checks += 1
-            threading.Thread(target=self._health, args=(peer, request_id), daemon=True).start()
+    # --- the handlers, one per request type ---------------------------------------------------------
+    def _embed(self, peer: Peer, request: Embed, frames: Frames) -> None:
+        try:
+            (payload,) = frames
+            job = self.engine.submit(batch_from_frames(request.rows, payload), normalize=request.normalize,
+                                     timeout_s=request.timeout_s, on_done=self._finished,
+                                     context=(peer, request.id), tokens=request.tokens)
+        except Exception as e:
+            if not isinstance(e, EngineError):
+                log.exception("request failed in the engine")
+            self._reply(peer, Failed.of(request.id, e))
+            return
+        self._jobs[(peer, request.id)] = job
+
+    def _cancel(self, peer: Peer, request: Cancel, frames: Frames) -> None:
+        # the client left and is told nothing: it no longer waits
+        cancelled = self._jobs.pop((peer, request.id), None)
+        if cancelled is not None:
+            self.engine.release(cancelled)
+
+    def _ping(self, peer: Peer, request: Ping, frames: Frames) -> None:
+        stats = self.engine.stats()
+        self._reply(peer, Pong(request.id, self.engine.ready, os.getpid(), stats.in_flight, stats.queued_rows,
+                               stats.tokens_per_s))
+
+    def _hello(self, peer: Peer, request: Hello, frames: Frames) -> None:
+        self._reply(peer, Welcome(request.id, self.engine.info, os.getpid()))
+
+    def _health_check(self, peer: Peer, request: Health, frames: Frames) -> None:
+        self._health_checks += 1
+        threading.Thread(target=self._health, args=(peer, request.id), daemon=True).start()
 
     def _answer_done(self) -> None:
         self._bundling = {}
@@ -246,7 +283,7 @@ class EngineServer:
         finally:
             bundles, self._bundling = self._bundling, None
             for peer, messages in bundles.items():  # one message per API process per pass
-                self._send(peer, bundle(messages))
+                self._send(peer, bundle_replies(messages))
 
     def _answer_each(self) -> None:
         done = self._done
@@ -263,26 +300,27 @@ class EngineServer:
             try:
                 result = self.engine.result(item)
             except Exception as e:
-                self._reply(peer, error_header(request_id, e))
+                self._reply(peer, Failed.of(request_id, e))
                 continue
             vectors = result.vectors
-            self._reply(peer, {"id": request_id, "shape": vectors.shape, "prompt_tokens": result.prompt_tokens,
-                               "queue_s": result.queue_s, "inference_s": result.inference_s},
-                        vectors.astype("<f4", copy=False).reshape(-1).data)
+            rows, dimension = vectors.shape
+            self._reply(peer, Vectors(request_id, (rows, dimension), result.prompt_tokens, result.queue_s,
+                                      result.inference_s), vectors.astype("<f4", copy=False).reshape(-1).data)
 
     def _health(self, peer: Peer, request_id: int) -> None:  # its own thread: a real forward pass
+        answer: Reply
         try:
             self.engine.backend.health()
-            answer = {"id": request_id, "ok": True}
+            answer = Healthy(request_id)
         except Exception as e:
-            answer = error_header(request_id, EngineError(f"health check failed: {e}"))
+            answer = Failed.of(request_id, EngineError(f"health check failed: {e}"))
         self._finished((peer, answer))
 
-    def _reply(self, peer: Peer, header: dict, *frames) -> None:
+    def _reply(self, peer: Peer, message: Reply, *frames: Buffer) -> None:
         if self._bundling is not None:  # answering a pass: sent together at its end
-            self._bundling.setdefault(peer, []).append((header, list(frames)))
+            self._bundling.setdefault(peer, []).append((message, list(frames)))
             return
-        self._send(peer, [pack(header), *frames])
+        self._send(peer, encode(message, *frames))
 
 
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:
@@ -313,8 +351,7 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
                              variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning,
                              tensorrt=settings.tensorrt)
     backend.warmup(settings.batch_token_budget(), settings.batch_row_cap())
-    if hasattr(backend, "self_check"):
-        backend.self_check()  # never ready on an export that does not give its recorded vectors
+    backend.self_check()  # never ready on an export that does not give its recorded vectors
     engine = Engine(backend, EngineConfig.from_settings(settings), metrics)
     measure_rate(engine)
     log.info("loaded %s (dim %d) from %s on %s", engine.info.model, engine.info.dimension, export_dir,

@@ -2,27 +2,33 @@
 
 A request is a batch of already-tokenised inputs; the answer is a float32 matrix. Both travel as
 raw array buffers, the frames of a message (vLLM's `serial_utils`: arrays as buffers, never pickled), with
-one small msgpack header per message. No per-text Python object is ever serialised:
+one small header per message: a msgspec struct tagged with its `Op` (vLLM's `v1/engine` messages), so a header
+that is not one of them is refused by the decoder, never dispatched. No per-text Python object is serialised:
 
-    embed   [header with {"rows": n}, offsets int64 [n+1] + ids int32 (all rows end to end) + type_ids int8
-            (or nothing), in one buffer]
-    answer  [header, vectors float32 [n, dim]]; for an embed with {"tokens": true} (TEI's /embed_all), every
-            row's token states end to end instead, float32 [total tokens, hidden], rows as the request's offsets
-    error   [header with {"error": kind, "message": ...}]
+    Embed    [header (rows n), offsets int64 [n+1] + ids int32 (all rows end to end) + type_ids int8
+             (or nothing), in one buffer]
+    Vectors  [header, vectors float32 [n, dim]]; for an Embed with `tokens` (TEI's /embed_all), every row's
+             token states end to end instead, float32 [total tokens, hidden], rows as the request's offsets
+    Failed   [header: the error's kind and message]
 
-A request is one buffer, and a bundle of messages carries all their headers in its first frame.
+A request is one buffer, and a bundle of messages (Requests, Replies) carries all their headers in its first frame.
 
 The engine's failure kinds are defined here, so both sides raise and catch the same classes.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
+
+#: what a frame may be: bytes, or a view of an array or of what was received (no copy)
+Buffer = bytes | bytearray | memoryview
 
 # --- the token batch -------------------------------------------------------------------------------
 
@@ -114,6 +120,8 @@ class ModelInfo:
     kind: str = "embedding"  # "cross-encoder": one score per row, as a [n, 1] "vector"; "classifier": [n, labels]
     max_batch_tokens: int = 0  # the engine's pass budget, as /info reports it
     token_dimension: int = 0  # the hidden size of the graph's token output (/embed_all); 0: the graph has none
+    tokenizer: str = "export"  # what the API process tokenises with: the export's ("export"), or "words" (the fake
+    # backend's service.tokenization.WordTokenizer)
 
     @property
     def is_cross_encoder(self) -> bool:
@@ -209,15 +217,138 @@ ERRORS: dict[str, type[EngineError]] = {c.__name__: c for c in (
     QueueDeadline, WrongModelType)}
 
 
+# --- the messages ----------------------------------------------------------------------------------
+
+
+class Op(enum.IntEnum):
+    """Every message's kind: its tag, the first element of its header on the wire (vLLM's EngineCoreRequestType).
+    A header whose tag or fields are not one of these messages' is a `msgspec.ValidationError`, never dispatched."""
+
+    # asked of the engine
+    HELLO = 1  # → Welcome: the model's info (what the API process needs to validate and answer)
+    PING = 2  # → Pong: alive, ready, queue stats (the clients' heartbeat: a hung engine is noticed)
+    EMBED = 3  # → Vectors (with `tokens`: every row's token states), or Failed
+    CANCEL = 4  # the caller left: its rows not yet run are dropped (no answer)
+    HEALTH = 5  # → Healthy after a real forward pass (TEI's /health), or Failed
+    # the engine's answers
+    WELCOME = 6
+    PONG = 7
+    VECTORS = 8
+    HEALTHY = 9
+    FAILED = 10
+    # several messages of either direction as one
+    BUNDLE = 11
+
+
+# Headers are msgspec structs encoded as arrays (tag first, trailing defaults left out): a few bytes each, and
+# encoded and decoded by msgspec's C code. The arrays themselves travel as the message's other frames.
+
+
+class Hello(msgspec.Struct, tag=Op.HELLO.value, array_like=True, frozen=True):
+    id: int
+
+
+class Ping(msgspec.Struct, tag=Op.PING.value, array_like=True, frozen=True):
+    id: int = 0  # not a request the client waits on: its answer is matched by kind
+
+
+class Embed(msgspec.Struct, tag=Op.EMBED.value, array_like=True, frozen=True):
+    """Embed the `rows` rows of the token batch in the message's one buffer (`batch_frames`)."""
+
+    id: int
+    rows: int
+    normalize: bool = True
+    timeout_s: float | None = None
+    tokens: bool = False  # TEI's /embed_all: every row's token states instead of its vector
+
+
+class Cancel(msgspec.Struct, tag=Op.CANCEL.value, array_like=True, frozen=True):
+    id: int
+
+
+class Health(msgspec.Struct, tag=Op.HEALTH.value, array_like=True, frozen=True):
+    id: int
+
+
+Request = Hello | Ping | Embed | Cancel | Health
+
+
+class Welcome(msgspec.Struct, tag=Op.WELCOME.value, array_like=True, frozen=True):
+    id: int
+    info: ModelInfo
+    pid: int
+
+
+class Pong(msgspec.Struct, tag=Op.PONG.value, array_like=True, frozen=True):
+    id: int
+    ready: bool
+    pid: int
+    in_flight: int
+    queued_rows: int
+    tokens_per_s: float | None
+
+
+class Vectors(msgspec.Struct, tag=Op.VECTORS.value, array_like=True, frozen=True):
+    """The answer to an Embed: float32 `shape` in the message's one buffer, and where the time went."""
+
+    id: int
+    shape: tuple[int, int]
+    prompt_tokens: int
+    queue_s: float
+    inference_s: float
+
+
+class Healthy(msgspec.Struct, tag=Op.HEALTHY.value, array_like=True, frozen=True):
+    id: int
+
+
+class Failed(msgspec.Struct, tag=Op.FAILED.value, array_like=True, frozen=True):
+    """A request the engine will not or cannot serve: `error` names the EngineError class the client raises."""
+
+    id: int
+    error: str
+    message: str
+    retry_after_s: float | None = None
+
+    @classmethod
+    def of(cls, request_id: int, error: BaseException) -> Failed:
+        kind = type(error).__name__ if type(error).__name__ in ERRORS else "InferenceFailed"
+        retry = error.retry_after_s if isinstance(error, EngineError) else None
+        return cls(request_id, kind, str(error), retry)
+
+    def exception(self) -> EngineError:
+        error = ERRORS.get(self.error, EngineError)(self.message)
+        error.retry_after_s = self.retry_after_s
+        return error
+
+
+Reply = Welcome | Pong | Vectors | Healthy | Failed
+
+
+class Requests(msgspec.Struct, tag=Op.BUNDLE.value, array_like=True, frozen=True):
+    """Several requests as one message: `sizes` buffers each, joined in one frame of `lengths` where small."""
+
+    messages: list[Request]
+    sizes: list[int]
+    lengths: list[int] | None = None
+
+
+class Replies(msgspec.Struct, tag=Op.BUNDLE.value, array_like=True, frozen=True):
+    """Several answers as one message, as `Requests`."""
+
+    messages: list[Reply]
+    sizes: list[int]
+    lengths: list[int] | None = None
+
+
 # --- framing ---------------------------------------------------------------------------------------
 
-def pack(header: dict[str, Any]) -> bytes:
-    return msgpack.packb(header, use_bin_type=True)
+#: a message's frames: its header, then its buffers (bytes, or views of arrays and of what was received)
+Frames = list[Buffer]
 
-
-def unpack(frame) -> dict[str, Any]:
-    return msgpack.unpackb(frame, raw=False)
-
+_encode = msgspec.msgpack.Encoder().encode
+_decode_requests = msgspec.msgpack.Decoder(Request | Requests).decode
+_decode_replies = msgspec.msgpack.Decoder(Reply | Replies).decode
 
 #: a bundle whose buffers come to less than this travels as two frames, the headers and the buffers joined; larger
 #: buffers go as frames of their own, uncopied. Each frame costs Python work on both sides; over the engine's
@@ -225,39 +356,75 @@ def unpack(frame) -> dict[str, Any]:
 JOIN_BELOW = 65536
 
 
-def bundle(messages: list[tuple[dict[str, Any], list]]) -> list:
-    """Several messages (each a header and its buffers) as one message: under load a process sends
-    and receives once per turn of its loop, not once per request. The headers travel together in the
-    first frame, then every message's buffers: joined in one frame where they are small."""
+def encode(message: Request | Reply, *buffers: Buffer) -> Frames:
+    """One message as its frames."""
+    return [_encode(message), *buffers]
+
+
+def bundle_requests(messages: Sequence[tuple[Request, Frames]]) -> Frames:
+    """Several requests (each a header and its buffers) as one message: see `_bundle`."""
     if len(messages) == 1:
-        header, buffers = messages[0]
-        return [pack(header), *buffers]
-    headers = {"op": "bundle", "headers": [header for header, _ in messages],
-               "sizes": [len(buffers) for _, buffers in messages]}
+        return encode(messages[0][0], *messages[0][1])
+    sizes, buffers, lengths = _gather(messages)
+    return _bundled(Requests([m for m, _ in messages], sizes, lengths), buffers, lengths)
+
+
+def bundle_replies(messages: Sequence[tuple[Reply, Frames]]) -> Frames:
+    """Several answers as one message: see `_bundle`."""
+    if len(messages) == 1:
+        return encode(messages[0][0], *messages[0][1])
+    sizes, buffers, lengths = _gather(messages)
+    return _bundled(Replies([m for m, _ in messages], sizes, lengths), buffers, lengths)
+
+
+def _gather(messages: Sequence[tuple[Request | Reply, Frames]]) -> tuple[list[int], Frames, list[int] | None]:
+    """Under load a process sends and receives once per turn of its loop, not once per request. The headers travel
+    together in the first frame, then every message's buffers: joined in one frame where they are small (then
+    `lengths` says where each begins)."""
+    sizes = [len(buffers) for _, buffers in messages]
     buffers = [b for _, message_buffers in messages for b in message_buffers]
     lengths = [memoryview(b).nbytes for b in buffers]
-    if buffers and sum(lengths) < JOIN_BELOW:
-        return [pack({**headers, "lengths": lengths}), b"".join(buffers)]
-    return [pack(headers), *buffers]
+    return sizes, buffers, lengths if buffers and sum(lengths) < JOIN_BELOW else None
 
 
-def unbundle(header: dict[str, Any], frames: list) -> list[tuple[dict[str, Any], list]]:
-    """The (header, buffers) of each message in a bundle, or of the one message that is not a bundle."""
-    if header.get("op") != "bundle":
-        return [(header, frames)]
-    if "lengths" in header:  # joined: views of the one frame
+def _bundled(header: Requests | Replies, buffers: Frames, lengths: list[int] | None) -> Frames:
+    return [_encode(header), b"".join(buffers)] if lengths is not None else [_encode(header), *buffers]
+
+
+def decode_requests(frames: Sequence[Buffer]) -> list[tuple[Request, Frames]]:
+    """The requests in one message (one, or a bundle's), each with its buffers; a header that is not one of the
+    messages above raises msgspec.ValidationError (or DecodeError)."""
+    head, *buffers = frames
+    message = _decode_requests(head)
+    if isinstance(message, Requests):
+        return list(zip(message.messages, _split(message.sizes, message.lengths, buffers)))
+    return [(message, buffers)]
+
+
+def decode_replies(frames: Sequence[Buffer]) -> list[tuple[Reply, Frames]]:
+    """The answers in one message, as `decode_requests`."""
+    head, *buffers = frames
+    message = _decode_replies(head)
+    if isinstance(message, Replies):
+        return list(zip(message.messages, _split(message.sizes, message.lengths, buffers)))
+    return [(message, buffers)]
+
+
+def _split(sizes: list[int], lengths: list[int] | None, frames: Frames) -> list[Frames]:
+    """Each bundled message's buffers: views of the one joined frame, or its own frames."""
+    if lengths is not None:
         joined, frames, at = memoryview(frames[0]), [], 0
-        for n in header["lengths"]:
+        for n in lengths:
             frames.append(joined[at:at + n])
             at += n
     out, at = [], 0
-    for inner, size in zip(header["headers"], header["sizes"]):
-        out.append((inner, frames[at:at + size]))
+    for size in sizes:
+        out.append(frames[at:at + size])
         at += size
     return out
 
 
-def batch_frames(batch: TokenBatch) -> list:
+def batch_frames(batch: TokenBatch) -> Frames:
     """A TokenBatch as one buffer: offsets, ids, then type ids if any (the header says how many rows)."""
     # ndarray.data: the array's buffer as a memoryview (numpy's stubs give memoryview(array) only on 3.12+)
     parts = [np.ascontiguousarray(batch.offsets, np.int64).data, np.ascontiguousarray(batch.ids, np.int32).data]
@@ -266,28 +433,14 @@ def batch_frames(batch: TokenBatch) -> list:
     return [b"".join(parts)]
 
 
-def batch_from_frames(rows: int, payload) -> TokenBatch:
+def batch_from_frames(rows: int, payload: Buffer) -> TokenBatch:
     """The TokenBatch of `rows` rows that batch_frames wrote into `payload` (views of it, no copy)."""
     offsets = np.frombuffer(payload, dtype=np.int64, count=rows + 1)
     tokens, at = int(offsets[-1]), 8 * (rows + 1)
     ids = np.frombuffer(payload, dtype=np.int32, count=tokens, offset=at)
     at += 4 * tokens
-    if len(payload) not in (at, at + tokens):
-        raise ValueError(f"a token batch of {rows} rows and {tokens} tokens in {len(payload)} bytes")
-    type_ids = np.frombuffer(payload, dtype=np.int8, count=tokens, offset=at) if len(payload) > at else None
+    size = memoryview(payload).nbytes
+    if size not in (at, at + tokens):
+        raise ValueError(f"a token batch of {rows} rows and {tokens} tokens in {size} bytes")
+    type_ids = np.frombuffer(payload, dtype=np.int8, count=tokens, offset=at) if size > at else None
     return TokenBatch(ids, offsets, type_ids)
-
-
-def error_header(request_id: int, error: BaseException) -> dict[str, Any]:
-    kind = type(error).__name__ if type(error).__name__ in ERRORS else "InferenceFailed"
-    header: dict[str, Any] = {"id": request_id, "error": kind, "message": str(error)}
-    if isinstance(error, EngineError) and error.retry_after_s is not None:
-        header["retry_after_s"] = error.retry_after_s
-    return header
-
-
-def raise_error(header: dict[str, Any]) -> None:
-    cls = ERRORS.get(header["error"], EngineError)
-    error = cls(header["message"])
-    error.retry_after_s = header.get("retry_after_s")
-    raise error

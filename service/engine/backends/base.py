@@ -23,8 +23,16 @@ class Backend(Protocol):
         """One forward pass over `batch`'s rows padded to `seq_len`: (normalised, raw) float32 [n, dim];
         a cross-encoder's scores as both, [n, 1]."""
 
+    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`run`, and every row's token states too, [n, seq_len, hidden] (TEI's /embed_all); the engine asks only
+        a backend whose `info.token_dimension` is not 0, and any other raises BackendError."""
+
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         """Run the first passes before any request; none larger than the queue forms (None: no bound)."""
+
+    def self_check(self) -> None:
+        """Before the engine is ready: raise if the model does not give what its export recorded (a backend
+        with nothing recorded checks nothing)."""
 
     def health(self) -> None:
         """Raise if the model cannot run a forward pass."""

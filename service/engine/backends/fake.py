@@ -34,7 +34,7 @@ class FakeBackend:
         self.info = ModelInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
                               manifest={"name": name, "dimension": dimension, "max_seq_length": max_seq_length,
                                         "kind": kind},
-                              vocab_size=31000, kind=kind,
+                              vocab_size=31000, kind=kind, tokenizer="words",
                               graph_sha256=hashlib.sha256(f"fake:{name}:{dimension}".encode()).hexdigest())
         self.pad_to_multiple_of = pad_to_multiple_of
         self.row_buckets = row_buckets  # as a CUDA backend pads its passes' row counts
@@ -80,6 +80,12 @@ class FakeBackend:
     def _vector(self, ids) -> np.ndarray:
         rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
         return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
+
+    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise BackendError("the fake backend gives no token states (its info.token_dimension is 0)")
+
+    def self_check(self) -> None:
+        pass  # no recorded vectors to compare with
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         self.run(self.tokenize(["warm up"]), self.pad_to_multiple_of)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.engine.backends.base import BackendError
 from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import Manifest
 
@@ -29,6 +30,12 @@ class NullBackend:
     def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = np.broadcast_to(self._unit, (len(batch), len(self._unit)))
         return vectors, vectors
+
+    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise BackendError("the null backend gives no token states (its info.token_dimension is 0)")
+
+    def self_check(self) -> None:
+        pass  # no recorded vectors to compare with
 
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         pass
