@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.serving import BATCH, make_texts
-from service.engine.backends.cpu import cpu_flags, int8_variant
+from service.engine.backends.cpu import cpu_flags
 
 #: what ours must reach against the anchor's int8 (issue 26)
 MIN_SPEEDUP = 1.2
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     with_type_ids = "token_type_ids" in manifest["inputs"]
     texts = {"short": short, "long": long}
     feeds = {name: batches_of(tokenizer, t, with_type_ids) for name, t in texts.items()}
-    shipped = [v for v in (manifest.get("variants") or {}) if v.startswith("int8")]
-    served = int8_variant(shipped)  # the one SEMBED_VARIANT=int8 serves here: the targets are its
+    shipped = [v for v in (manifest.get("variants") or {}) if v == "int8"]
+    served = shipped[0] if shipped else None  # the one SEMBED_VARIANT=int8 serves: the targets are its
     print(f"anchor: export_dynamic_quantized_onnx_model(model, {config!r}) (this CPU: {arch}, "
           f"{'VNNI' if flags & {'avx512_vnni', 'avx_vnni'} else 'no VNNI'}); ours as served here: {served}")
     print(f"texts: {len(short)} short, {len(long)} long; batch {BATCH} sorted by length; {args.rounds} rounds, "

@@ -34,7 +34,6 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.machine import cpu_seconds, process_tree
-from service.engine.backends.cpu import int8_variant
 from service.settings import MEMORY_ONLY
 
 BATCH = 32
@@ -456,9 +455,8 @@ def main(argv: list[str] | None = None) -> int:
 
         st_dir = resolve_model(manifest["base_model"])
     results: dict = {"cpu": cpu_line(), "batch": {}, "singles": {}}
-    # the int8 graph the service picks on this CPU (SEMBED_VARIANT=int8), in process too
-    int8_name = int8_variant(manifest.get("variants") or {})
-    int8_entry = manifest["variants"][int8_name] if int8_name else None
+    # the int8 graph SEMBED_VARIANT=int8 serves, in process too
+    int8_entry = (manifest.get("variants") or {}).get("int8")
     # Every contender, in process or over HTTP; a service is idle while the others run (its threads do not spin).
     contenders = {"sentence-transformers": sentence_transformers_encoder(st_dir),
                   "onnxruntime": onnxruntime_encoder(args.model_dir)}
@@ -510,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sts and (args.data_dir / "senteval").is_dir():
         print("7-task STS per variant (in process) ...", flush=True)
         results["sts"] = sts_drop(args.model_dir, args.data_dir,
-                                  {"fp32": "fp32", **({"int8": int8_name} if int8_name else {})})
+                                  {"fp32": "fp32", **({"int8": "int8"} if int8_entry else {})})
 
     report(results, variants)
     report_cache(results["cache"])

@@ -12,7 +12,8 @@ MANIFEST_FILE = "manifest.json"
 GRAPH_FILE = "model.onnx"
 #: 2: `variants` (each graph with its sha256 and measured quality) and `golden`; 3: `prompts` and
 #: `default_prompt_name`, which the service applies (a service that ignored them would serve other vectors
-#: than the model's authors intended, so an older one refuses it). Older manifests still load.
+#: than the model's authors intended, so an older one refuses it). Older manifests still load, but for the
+#: retired layouts `StaleExport` names.
 FORMAT_VERSION = 3
 #: what the graph computes: sentence embeddings, or one relevance score per (query, text) pair
 EMBEDDING, CROSS_ENCODER, CLASSIFIER, SPARSE = "embedding", "cross-encoder", "classifier", "sparse"
@@ -21,6 +22,8 @@ SPARSE_OUTPUT = "sparse"  # a SPLADE graph's one output: [batch, vocabulary], mo
 #: an embedding graph's third output: the transformer's last hidden state, [batch, sequence, hidden] (TEI's
 #: /embed_all); onnxruntime computes only the outputs a run asks for, so /embed's passes never copy it out
 TOKEN_OUTPUT = "token_embeddings"
+#: the variant name of the retired per-CPU int8 pair's row-scaled graph (`Manifest.retired_layout`)
+RETIRED_INT8 = "int8-avx2"
 
 
 class Manifest(BaseModel):
@@ -46,7 +49,8 @@ class Manifest(BaseModel):
     created_at: str
     parity_max_abs_diff: float | None = None
     batch_invariant: bool = Field(False, description="pooling gives the same bits for a batch of one row as "
-                                  "for a larger batch (exports before this field sum differently)")
+                                  "for a larger batch: every export writes true; an export without it is refused "
+                                  "(`StaleExport`)")
     variants: dict[str, dict[str, Any]] | None = Field(None, description="graph files by variant (fp32, int8, "
                                                        "fp16): file, sha256, measured quality against fp32")
     golden: dict[str, Any] | None = Field(None, description="fixed sentences and their embeddings at export, "
@@ -84,10 +88,35 @@ class Manifest(BaseModel):
         if manifest.format_version > FORMAT_VERSION:
             raise ValueError(f"{path} is manifest format {manifest.format_version}; this service reads up to "
                              f"{FORMAT_VERSION}: upgrade the service, or re-export with this version")
+        if reason := manifest.retired_layout():
+            raise StaleExport(f"{path}: {reason}, a layout this service no longer reads: export again: "
+                              f"{manifest.export_command(export_dir)}")
         return manifest
+
+    def retired_layout(self) -> str | None:
+        """Why this export is in a layout the service no longer serves, None if it is not. Each was written for a
+        day or two: an export without `batch_invariant` pooled a batch of one row differently from a larger one
+        (the service padded such a batch with a row); one naming "int8-avx2" (as a variant or as one left out)
+        has the by-blocks int8 graph (MatMulNBits, whose kernels compute differently per instruction set) that
+        the one row-scaled int8 graph replaced."""
+        if RETIRED_INT8 in (self.variants or {}) or RETIRED_INT8 in (getattr(self, "variants_left_out", None) or {}):
+            return f"its int8 graphs are the retired pair (int8 by blocks beside {RETIRED_INT8})"
+        if not self.batch_invariant:
+            return "it was exported before batch-invariant pooling (no batch_invariant)"
+        return None
+
+    def export_command(self, export_dir: str | Path) -> str:
+        """The command that writes this export again (a trained model's from its run's best/ directory)."""
+        model = "<the run's best/ directory>" if self.method else self.base_model
+        return f"python -m export --model {model} --out {export_dir}"
 
     def save(self, export_dir: str | Path) -> None:
         (Path(export_dir) / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n")
+
+
+class StaleExport(ValueError):
+    """An export in a retired layout (`Manifest.retired_layout`): the message names its manifest and the command
+    that exports it again."""
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -29,8 +29,7 @@ class Settings(BaseSettings):
     variant: Literal["fp32", "int8", "fp16"] | None = Field(None, description="which graph of the export to run "
                                                             "(its manifest lists what it has; one it lacks is served "
                                                             "as fp32, with a warning); int8: the export's int8 graph, "
-                                                            "the same on every CPU (an older export's int8-avx2 where "
-                                                            "it has one); unset: fp16 on cuda "
+                                                            "the same on every CPU; unset: fp16 on cuda "
                                                             "where the export has one (written only when it passed "
                                                             "its quality gate), else fp32")
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "

@@ -36,7 +36,7 @@ import msgspec
 from service.api.auth import ApiKeys
 from service.api.topology import ModelEndpoint, Topology
 from service.ipc import control
-from service.manifest import Manifest
+from service.manifest import Manifest, StaleExport
 from service.settings import MEMORY_ONLY, Settings
 
 log = logging.getLogger("sembed.supervisor")
@@ -355,6 +355,10 @@ def main() -> None:
             if not (export_dir / "manifest.json").is_file():
                 raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
                                  "create one with `make export` or set SEMBED_MODEL_DIR")
+            try:  # here, once, not in an engine process its supervisor would restart
+                Manifest.load(export_dir)
+            except StaleExport as e:
+                raise SystemExit(f"cannot serve {export_dir}: {e}") from e
     for warning in startup_warnings(settings):
         log.warning(warning)
     raise SystemExit(Supervisor(settings).run())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.engine.backends import padded_length
-from service.engine.backends.cpu import cpu_flags, cpuinfo_field, int8_variant, physical_cores
+from service.engine.backends.cpu import cpu_flags, cpuinfo_field, physical_cores
 from service.engine.backends.onnx import OnnxBackend
 
 
@@ -66,17 +66,6 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert cpu_flags(tmp_path / "x86") == {"fpu", "sse2", "avx2", "fma", "avx512_vnni"}
     assert cpu_flags(tmp_path / "arm") == {"fp", "asimd", "asimddp"}
     assert cpu_flags(tmp_path / "absent") is None  # not Linux: the system does not say
-
-
-@pytest.mark.parametrize(("variants", "served"), [
-    ({"fp32", "int8", "fp16"}, "int8"),  # a new export: its one int8 graph, row-scaled
-    ({"fp32", "int8", "int8-avx2", "fp16"}, "int8-avx2"),  # an older one: the row-scaled, not the by-blocks int8
-    ({"fp32", "int8"}, "int8"),  # an older one whose int8-avx2 was refused, or from before it
-    ({"fp32", "int8-avx2"}, "int8-avx2"),  # an older one whose by-blocks int8 was refused
-    ({"fp32", "fp16"}, None),
-])
-def test_the_int8_graph_is_the_row_scaled_one_where_the_export_has_it(variants, served):
-    assert int8_variant(variants) == served
 
 
 def test_tokenize_gives_the_tokenizers_ids(backend, default_export):
@@ -255,32 +244,25 @@ def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_expo
     assert choose_variant(Settings(model_dir=tmp_path / "e", device="cuda"), tmp_path / "e") == "fp32"
 
 
-def test_int8_asked_for_serves_the_same_graph_on_every_cpu(default_export, tmp_path, monkeypatch, caplog):
-    """SEMBED_VARIANT=int8: the export's int8 graph whatever the CPU's flags, named in the log; from an older
-    export's manifest (a by-blocks int8 beside int8-avx2), int8-avx2. Not a setting of its own."""
+def test_int8_asked_for_serves_the_exports_one_int8_graph_and_refuses_the_retired_pair(default_export, tmp_path):
+    """SEMBED_VARIANT=int8: the export's one int8 graph; an export with the retired per-CPU pair (a by-blocks int8
+    beside int8-avx2) is refused, saying to export it again. int8-avx2 is not a setting."""
     import json
 
     from pydantic import ValidationError
 
-    from service.engine.backends import cpu
     from service.engine.server import choose_variant
+    from service.manifest import StaleExport
     from service.settings import Settings
 
+    assert choose_variant(Settings(model_dir=default_export, variant="int8"), default_export) == "int8"
     older = tmp_path / "older"
     older.mkdir()
     record = json.loads((default_export / "manifest.json").read_text())
     record["variants"]["int8-avx2"] = {**record["variants"]["int8"], "file": "model.int8-avx2.onnx"}
     (older / "manifest.json").write_text(json.dumps(record))
-    for flags, machine in (({"avx2", "fma"}, "x86_64"), ({"avx2", "avx512_vnni", "amx_int8"}, "x86_64"),
-                           ({"avx2", "avx_vnni"}, "x86_64"), ({"fp", "asimd", "asimddp"}, "aarch64"), (None, "x86_64")):
-        monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: flags)
-        monkeypatch.setattr("platform.machine", lambda machine=machine: machine)
-        caplog.clear()
-        with caplog.at_level("INFO", logger="sembed.engine"):
-            assert choose_variant(Settings(model_dir=default_export, variant="int8"), default_export) == "int8"
-            assert choose_variant(Settings(model_dir=older, variant="int8"), older) == "int8-avx2"
-        assert "int8: serving the int8 graph (model.int8.onnx)" in caplog.text
-        assert "int8: serving the int8-avx2 graph (model.int8-avx2.onnx)" in caplog.text
+    with pytest.raises(StaleExport, match=r"int8 by blocks beside int8-avx2.*export again: python -m export"):
+        choose_variant(Settings(model_dir=older, variant="int8"), older)
     with pytest.raises(ValidationError):
         Settings(variant="int8-avx2")
 

@@ -23,7 +23,7 @@ def null_export(tmp_path_factory) -> Path:
         "name": "null-minilm", "base_model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean",
         "dimension": 384, "max_seq_length": 256, "opset": 17, "pad_token": "[PAD]", "pad_token_id": 0,
         "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["embedding"],
-        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00"}))
+        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00", "batch_invariant": True}))
     return out
 
 

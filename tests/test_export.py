@@ -71,6 +71,60 @@ def test_a_manifest_newer_than_the_service_is_refused_and_version_1_still_loads(
     assert Manifest.load(tmp_path).variants is None
 
 
+def _retired(default_export: Path, out: Path, change) -> Path:
+    """A copy of the export whose manifest `change` turns into a retired layout's."""
+    shutil.copytree(default_export, out)
+    record = json.loads((out / "manifest.json").read_text())
+    change(record)
+    (out / "manifest.json").write_text(json.dumps(record))
+    return out
+
+
+#: the layouts exported for a day or two, and what each manifest carried
+RETIRED = {
+    # the per-CPU int8 pair: a by-blocks int8 beside the row-scaled int8-avx2
+    "int8-avx2": lambda r: r["variants"].update(
+        {"int8-avx2": {**r["variants"]["int8"], "file": "model.int8-avx2.onnx"}}),
+    # ... or the pair with its int8-avx2 refused by the gate: its by-blocks int8 alone
+    "int8-avx2 left out": lambda r: r.update(variants_left_out={"int8-avx2": "its mean cosine ... (below 0.99)"}),
+    # pooling that summed a batch of one row differently (the service padded it with a row)
+    "no batch_invariant": lambda r: r.pop("batch_invariant"),
+    "batch_invariant false": lambda r: r.update(batch_invariant=False),
+}
+
+
+@pytest.mark.parametrize("layout", list(RETIRED))
+def test_an_export_in_a_retired_layout_is_refused_naming_the_command_that_exports_it_again(
+        layout, default_export, tmp_path, monkeypatch):
+    """The manifest, the backend and the service's start each refuse it, naming the manifest and the command."""
+    from service import supervisor
+    from service.manifest import StaleExport
+
+    old = _retired(default_export, tmp_path / "old", RETIRED[layout])
+    base_model = json.loads((old / "manifest.json").read_text())["base_model"]
+    command = f"export again: python -m export --model {base_model} --out {old}"
+    with pytest.raises(StaleExport) as refused:
+        Manifest.load(old)
+    assert str(refused.value).startswith(f"{old / 'manifest.json'}: ") and str(refused.value).endswith(command)
+    with pytest.raises(StaleExport, match="a layout this service no longer reads: export again"):
+        OnnxBackend(old, variant="int8")
+    monkeypatch.setattr(supervisor, "_logging", lambda: None)  # leave the test session's logging alone
+    for name in ("SEMBED_MODELS", "SEMBED_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SEMBED_MODEL_DIR", str(old))
+    with pytest.raises(SystemExit) as start:
+        supervisor.main()
+    assert str(start.value) == f"cannot serve {old}: {refused.value}"
+
+
+def test_a_trained_models_refusal_names_its_run_directory(default_export, tmp_path):
+    from service.manifest import StaleExport
+
+    old = _retired(default_export, tmp_path / "old", lambda r: r.update(method="cosent", batch_invariant=False))
+    with pytest.raises(StaleExport, match=r"export again: python -m export --model <the run's best/ directory> --out "):
+        Manifest.load(old)
+
+
 def test_truncation_follows_the_model_max_length(default_export):
     encoder = OnnxBackend(default_export)
     long = " ".join(["word"] * 1000)

@@ -78,35 +78,6 @@ OLD_INT8_GRAPHS = {"int8": (quantize.INT8_FILE, "blocks", (0, 2)),
                    "int8-avx2": ("model.int8-avx2.onnx", "rows", (0, 1, 2))}
 
 
-def test_an_older_export_with_two_int8_graphs_serves_the_row_scaled_one(encoder, tmp_path, monkeypatch):
-    """An export from before one int8 graph served every CPU lists a by-blocks int8 and int8-avx2: SEMBED_VARIANT=
-    int8 serves int8-avx2 whatever the CPU (the faster, and the one whose vectors no CPU changes); with only its
-    by-blocks int8 (int8-avx2 refused at export, say), that one. Each passes its own golden check."""
-    from service.engine.backends import cpu
-    from service.engine.server import choose_variant
-    from service.settings import Settings
-
-    monkeypatch.setattr(quantize, "INT8_GRAPHS", OLD_INT8_GRAPHS)
-    out = tmp_path / "old"
-    manifest = export_onnx(encoder, out, fp16=False)
-    monkeypatch.undo()
-    assert set(manifest.variants) == {"fp32", "int8", "int8-avx2"}
-    for name, (file, by, _) in OLD_INT8_GRAPHS.items():
-        ops = {n.op_type for n in onnx.load(str(out / file), load_external_data=False).graph.node}
-        assert ("MatMulNBits" in ops, "ReduceMax" in ops) == (by == "blocks", by == "rows")
-        OnnxBackend(out, variant=name).self_check()
-    settings = Settings(model_dir=out, variant="int8")
-    for flags, machine in (({"avx2", "fma"}, "x86_64"), ({"avx2", "avx512_vnni", "amx_int8"}, "x86_64"),
-                           ({"asimd", "asimddp"}, "aarch64"), (None, "x86_64")):
-        monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: flags)
-        monkeypatch.setattr("platform.machine", lambda machine=machine: machine)
-        assert choose_variant(settings, out) == "int8-avx2"
-    record = json.loads((out / "manifest.json").read_text())
-    del record["variants"]["int8-avx2"]
-    (out / "manifest.json").write_text(json.dumps(record))
-    assert choose_variant(settings, out) == "int8"
-
-
 def test_both_builds_raising_still_export_fp32(encoder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quantize, "build_int8", _boom("no int8"))
     monkeypatch.setattr(quantize, "build_fp16", _boom("no fp16"))

@@ -103,11 +103,19 @@ def test_a_real_export_is_verified_before_it_serves(default_export, tmp_path):
     manifest = json.loads((tmp_path / "bad" / "manifest.json").read_text())
     manifest["golden"]["embeddings"][0][0] += 0.5
     (tmp_path / "bad" / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copytree(default_export, tmp_path / "old")  # a retired layout: pooling before batch_invariant
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    del manifest["batch_invariant"]
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
     settings = Settings(model_dir=tmp_path / "good", models_root=tmp_path, admin_api_keys="admin-key")
     with TestClient(app_in_process(settings)) as c:
         before = c.post("/embed", json={"inputs": "hello"}).json()
         refused = c.post("/admin/models/all-MiniLM-L6-v2/reload", json={"export": "bad"}, headers=ADMIN)
         assert refused.status_code == 422 and "golden" in refused.json()["error"]
+        stale = c.post("/admin/models/all-MiniLM-L6-v2/reload", json={"export": "old"}, headers=ADMIN)
+        assert stale.status_code == 422
+        assert f"{tmp_path / 'old' / 'manifest.json'}: it was exported before batch-invariant pooling" in \
+            stale.json()["error"] and "export again: python -m export --model " in stale.json()["error"]
         missing = c.post("/admin/models/all-MiniLM-L6-v2/reload", json={"export": "absent"}, headers=ADMIN)
         assert missing.status_code == 404
         assert c.post("/embed", json={"inputs": "hello"}).json() == before  # still the good model

@@ -33,7 +33,6 @@ from typing import Any
 import msgspec
 
 from service.engine.backends import create_backend
-from service.engine.backends.cpu import int8_variant
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
 from service.ipc.messages import (
@@ -324,14 +323,11 @@ class EngineServer:
 
 
 def choose_variant(settings: Settings, export_dir: str | Path) -> str:
-    """The variant asked for (fp32 where the export lacks it; int8: `int8_variant`, the same on every CPU); unset,
-    fp16 on a GPU when the export has one (only a variant that passed its quality gate is in the manifest), else
-    fp32."""
+    """The variant asked for (fp32 where the export lacks it; int8: the export's one int8 graph, the same on every
+    CPU); unset, fp16 on a GPU when the export has one (only a variant that passed its quality gate is in the
+    manifest), else fp32."""
     if settings.variant is not None:
         variants = Manifest.load(Path(export_dir)).variants or {}
-        if settings.variant == "int8" and (int8 := int8_variant(variants)):
-            log.info("int8: serving the %s graph (%s)", int8, variants[int8]["file"])
-            return int8
         if settings.variant == "fp32" or settings.variant in variants:
             return settings.variant
         # a reduced-precision graph is a speed-up the export may lack (not written, or refused by its quality

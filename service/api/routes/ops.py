@@ -116,7 +116,7 @@ async def info(request: Request):
         "manifest": _summary(served.info.manifest),
         "models": registry.names(),
         "device": served.info.device,
-        "variant": served.info.variant,  # which graph of the export: fp32, int8, fp16 (or an older export's int8-avx2)
+        "variant": served.info.variant,  # which graph of the export: fp32, int8, fp16
         # what prompt_name may name, and what applies where a request names none (sentence-transformers')
         "prompts": manifest.get("prompts") or {},
         "default_prompt_name": manifest.get("default_prompt_name"),

@@ -1,10 +1,8 @@
-"""What the CPU offers the backend: the cores to run on, its flags; and which of an export's int8 graphs to serve,
-the same on every CPU."""
+"""What the CPU offers the backend: the cores to run on, its flags."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
 from pathlib import Path
 
 
@@ -37,11 +35,3 @@ def cpuinfo_field(names: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo"))
         pass
     return None
 
-
-def int8_variant(variants: Collection[str]) -> str | None:
-    """Which of the export's int8 graphs SEMBED_VARIANT=int8 serves, None if it has none: "int8-avx2" where an
-    older export has it beside its by-blocks "int8", on every CPU, else "int8" (new exports' only one, row-scaled
-    as int8-avx2 was). The row-scaled graph is the faster on CPUs with VNNI too, at the same cosine, and gives the
-    same vectors on every x86 CPU; MatMulNBits' kernels in the by-blocks one differ per instruction set, so such a
-    graph exported on an AVX2 CPU failed its golden check on a VNNI one (export.quantize.INT8_GRAPHS)."""
-    return next((v for v in ("int8-avx2", "int8") if v in variants), None)

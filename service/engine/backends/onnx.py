@@ -50,8 +50,9 @@ class IntegrityError(RuntimeError):
 #: how far a served golden vector may be from the one recorded at export (parity is checked to 1e-4)
 GOLDEN_TOLERANCE = 1e-3
 #: ... when they were recorded on another device than the one serving: every export records them on its CPU,
-#: and a GPU's kernels round differently (float16 ones more). fp16's recorded vectors are 2e-4 from fp32's
-#: (default model); int8's, 2.4e-2: a graph or tokenizer that is not the recorded one still shows.
+#: and a GPU's kernels round differently (float16 ones more). Looser than that rounding, far tighter than how
+#: far the variants' own vectors are from fp32's (their measured cosine: the manifest's `variants`), so a graph
+#: or tokenizer that is not the recorded one still shows.
 OTHER_DEVICE_GOLDEN_TOLERANCE = 5e-3
 
 
@@ -61,9 +62,7 @@ class OnnxBackend:
     Bit-for-bit batching: some of onnxruntime's CPU kernels (softmax over the sequence) take a
     different path for odd lengths, so a text's vector can depend on how far its batch is padded.
     Padding every batch to a multiple of a small number removes that; which number depends on the
-    CPU's kernels, so `pad_to_multiple_of=0` measures it at start (`calibrate_padding`). Exports
-    from before `batch_invariant` also pool differently for a batch of one row: those get a
-    padding row.
+    CPU's kernels, so `pad_to_multiple_of=0` measures it at start (`calibrate_padding`).
 
     A cross-encoder export (manifest kind "cross-encoder") takes tokenised (query, text) pairs and
     gives one score per row; `run` returns it as a [n, 1] array in both places of the pair. A sparse export
@@ -80,7 +79,8 @@ class OnnxBackend:
         import onnxruntime as ort
 
         export_dir = Path(export_dir)
-        self.manifest = Manifest.load(export_dir)
+        self._export_dir = export_dir
+        self.manifest = Manifest.load(export_dir)  # an export in a retired layout is refused here (StaleExport)
         self.variant = variant
         entry = self._variant_entry(variant)
         graph = export_dir / (graph_file or entry["file"])
@@ -101,13 +101,12 @@ class OnnxBackend:
         self.pad_id = self.manifest.pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self._needs_type_ids = "token_type_ids" in self.manifest.inputs
-        self._extra_row = not self.manifest.batch_invariant
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Always an explicit count: left at 0, onnxruntime also pins each worker to a core, and the calling
-        # thread (not pinned) can end up sharing a core with a spinning worker: on 2 cores some starts of
-        # the service ran every pass markedly slower for the life of the process.
+        # thread (not pinned) can end up sharing a core with a spinning worker, slowing every pass for the life
+        # of the process.
         options.intra_op_num_threads = intra_op_threads or physical_cores()
         # Spinning: intra-op threads busy-wait between the parallel sections of a pass instead of sleeping
         # (a wake-up per section costs most on graphs of many small ops, as int8's); never between passes,
@@ -162,7 +161,7 @@ class OnnxBackend:
         if not pad_to_multiple_of:
             # int8 quantises activations with one scale per batch, so its vectors move a little with their
             # batch neighbours whatever the padding: no multiple can make it exact, the least padding wins.
-            int8 = variant.startswith("int8")
+            int8 = variant == "int8"
             self.pad_to_multiple_of = 8 if device == "cuda" else 1 if int8 else self.calibrate_padding()
         self.info = ModelInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
@@ -186,7 +185,7 @@ class OnnxBackend:
     # --- the Backend interface --------------------------------------------------------------
     def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         n = len(batch)
-        rows = bucketed_rows(n + 1 if (self._extra_row and n == 1) else n, self.row_buckets)
+        rows = bucketed_rows(n, self.row_buckets)
         feeds = pad_batch(batch, seq_len, self.pad_id, rows)
         if not self._needs_type_ids:
             del feeds["token_type_ids"]
@@ -210,7 +209,7 @@ class OnnxBackend:
         if not self.info.token_dimension:
             raise BackendError(f"the {self.variant} graph of {self.info.model} has no {TOKEN_OUTPUT} output")
         n = len(batch)
-        rows = bucketed_rows(n + 1 if (self._extra_row and n == 1) else n, self.row_buckets)
+        rows = bucketed_rows(n, self.row_buckets)
         feeds = pad_batch(batch, seq_len, self.pad_id, rows)
         if not self._needs_type_ids:
             del feeds["token_type_ids"]
@@ -296,10 +295,11 @@ class OnnxBackend:
             ranked, recorded = np.argsort(got[1:] @ got[0]), np.argsort(expected[1:] @ expected[0])
             if not np.array_equal(ranked, recorded):
                 problems.append("the similarity ordering of the golden sentences changed")
-        if problems and self.variant.startswith("int8"):
-            # int8 exports before 7-bit weights saturate on x86 CPUs without VNNI (export/quantize.py)
-            problems.append("an int8 variant exported before sembed 0.5 computes differently on CPUs with and "
-                            "without AVX-512 VNNI: export the model again")
+        if problems and self.variant == "int8":
+            # int8 graphs with 8-bit weights (exported before sembed 0.5) compute differently on x86 CPUs with and
+            # without VNNI (export/quantize.py, MAX_INT8_WEIGHT); the manifest does not say which weights it has
+            problems.append("an int8 graph exported before sembed 0.5 computes differently on CPUs with and without "
+                            f"VNNI: export again: {self.manifest.export_command(self._export_dir)}")
         if problems:
             raise IntegrityError(f"{self.info.model} ({self.variant}) failed its golden check: " + "; ".join(problems))
 
