@@ -46,7 +46,9 @@ def test_the_first_routes_keep_their_answers(server):
     added = c.post("/index/documents", json={"documents": DOCS}).json()
     assert (added["added"], added["total"]) == (3, 3) and added["sequence"] > 0
     hits = c.post("/search", json={"query": "a man plays the guitar", "k": 2}).json()["results"][0]
-    assert hits[0]["id"] == "guitar" and set(hits[0]) == {"id", "score", "text", "metadata"}
+    # start and end (issue 41): the span of the best chunk, the whole text for a short document
+    assert hits[0]["id"] == "guitar" and set(hits[0]) == {"id", "score", "start", "end", "text", "metadata"}
+    assert (hits[0]["start"], hits[0]["end"]) == (0, len(DOCS[0]["text"]))
     assert c.delete("/index/documents/guitar").json()["deleted"] == 1
     assert c.delete("/index/documents/guitar").status_code == 404
     assert c.delete("/index").status_code == 422  # what a normalised DELETE /index/documents/.. becomes

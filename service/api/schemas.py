@@ -53,6 +53,22 @@ _NO_PROMPT_FOR_IDS = ("; inputs given as token ids take no prompt: naming one wi
                       "default prompt is not applied to them")
 
 
+class ChunkingOptions(_Request):
+    """How long texts are cut (docs/long-documents.md): token windows with overlap, at sentence ends where one
+    is near, counted with the model's tokenizer."""
+
+    size: int | None = Field(None, ge=1, description="tokens per chunk at most: 8 up to the model's window "
+                             "(max_seq_length less its special tokens and the prompt's); unset: SEMBED_CHUNK_SIZE")
+    overlap: int | None = Field(None, ge=0, description="tokens consecutive chunks share at most: 0 up to half the "
+                                "size; unset: SEMBED_CHUNK_OVERLAP (at most a quarter of the size)")
+    mode: Literal["text", "markdown"] = Field("text", description="text: cut at paragraph, sentence, then word "
+                                              "ends; markdown: at headings, blocks and list items first")
+
+
+_CHUNKING = ("true, or {size, overlap, mode}: a text over the model's window becomes chunks, each its own vector "
+             "with its character span (start, end); false or unset: one vector per text, truncated as `truncate` says")
+
+
 class _Prompted(BaseModel):
     """prompt_name or instruction: what goes before each text."""
 
@@ -78,6 +94,8 @@ class EmbedRequest(_TeiRequest, _Prompted):
     dimensions: int | None = Field(None, ge=1, description="keep the first n dimensions (Matryoshka), "
                                    "renormalised when normalize is true")
     embedding_type: EmbeddingType = Field("float", description=_EMBEDDING_TYPE)
+    chunking: StrictBool | ChunkingOptions | None = Field(None, description="ours: " + _CHUNKING + ". With it the "
+                                                          "answer is, per input, a list of {start, end, embedding}")
 
     @property
     def texts(self) -> list[str]:
@@ -231,6 +249,11 @@ class DocumentIn(_Request):
 
 class AddDocumentsRequest(_Request):
     documents: NonEmpty[DocumentIn]
+    chunking: StrictBool | ChunkingOptions | None = Field(None, description="a text over the model's window "
+                                                          "becomes chunks, each a vector with its span; search "
+                                                          "answers the document at its best chunk. Unset: "
+                                                          "SEMBED_CHUNKING (on; off with the milvus backend); "
+                                                          "false: one vector, the text truncated")
 
     @field_validator("documents")
     @classmethod
@@ -311,6 +334,8 @@ class SearchRequest(_Request):
                                    "from the compact structure are rescored with the float vectors (default: "
                                    "SEMBED_INDEX_OVERSAMPLE)")
     include: list[IncludeField] = Field(["text", "metadata"], description="fields returned with each hit")
+    chunks: StrictBool = Field(False, description="each hit also lists its document's other chunks among the "
+                               "candidates that match: [{start, end, score}], best first")
     mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense: by embedding (cosine); "
                                                         "lexical: BM25 over the stored texts; hybrid: both, fused "
                                                         "by reciprocal rank (`fusion`). lexical and hybrid need a "
@@ -334,6 +359,12 @@ class SearchRequest(_Request):
         return _as_list(self.query)
 
 
+class ChunkHit(BaseModel):
+    start: int
+    end: int
+    score: float
+
+
 class SearchHit(BaseModel):
     id: str
     score: float = Field(description="cosine similarity (mode dense), BM25 (lexical) or the fused reciprocal "
@@ -341,6 +372,10 @@ class SearchHit(BaseModel):
     text: str | None = None
     metadata: dict[str, Any] | None = None
     vector: list[float] | None = None
+    start: int | None = Field(None, description="the best chunk's span in the document's text: its first "
+                              "character ...")
+    end: int | None = Field(None, description="... and the one after its last (the whole text: 0, len(text))")
+    chunks: list[ChunkHit] | None = Field(None, description="with `chunks: true`: the document's matching chunks")
 
 
 class SearchResponse(BaseModel):
@@ -397,12 +432,17 @@ class OpenAIEmbeddingRequest(_Prompted):
     user: str | None = None
     prompt_name: str | None = Field(None, description=_PROMPT_NAME + _NO_PROMPT_FOR_IDS, examples=["query"])
     instruction: str | None = Field(None, description=_INSTRUCTION + _NO_PROMPT_FOR_IDS)
+    chunking: StrictBool | ChunkingOptions | None = Field(None, description="ours (extra_body): " + _CHUNKING +
+                                                          ". With it `data` has a row per chunk: `index` its "
+                                                          "input's, with `start` and `end`; text inputs only")
 
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
+    start: int | None = Field(None, description="with chunking: the chunk's span in its input")
+    end: int | None = None
 
 
 class OpenAIUsage(BaseModel):

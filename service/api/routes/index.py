@@ -7,12 +7,13 @@ of two models; index calls run in the thread pool (writes wait there for their g
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from service.api import chunking as chunks
 from service.api import schemas
 from service.api.errors import ApiError
 from service.api.routes.common import NumpyJSONResponse, check_batch, registry, settings
@@ -22,6 +23,7 @@ from service.index import (
     CollectionNotFound,
     CollectionSpec,
     Document,
+    Hit,
     InvalidRequest,
     ModelMismatch,
     ModelStamp,
@@ -83,39 +85,87 @@ def _embedder_for(request: Request, collection: str, info: CollectionInfo):
     return registry(request).get(info.model.name)
 
 
-async def _vectors(request: Request, collection: str, texts: Sequence[str | None], given: list, field: str):
-    """One unit vector per row: the client's where given, else the collection's model embeds the text."""
-    check_batch(request, len(texts), field)
+async def _vectors(request: Request, collection: str, texts: Sequence[str | None], given: list, field: str,
+                   info: CollectionInfo | None = None, owner: Sequence[int] | None = None):
+    """One unit vector per row: the client's where given, else the collection's model embeds the text. `owner`:
+    each row's input (a document's chunks are rows of one input; the batch limit was checked on the inputs)."""
+    if owner is None:
+        check_batch(request, len(texts), field)
     missing = [i for i, v in enumerate(given) if v is None]
-    info = await _call(_index(request).info, collection)
+    if info is None:
+        info = await _call(_index(request).info, collection)
     if missing:
-        embedder = _embedder_for(request, collection, info)
         if any(texts[i] is None for i in missing):
             raise InvalidRequest(f"each of {field} needs text to embed, or its own vector")
+        embedder = _embedder_for(request, collection, info)
         embedded = (await embedder.embed([texts[i] for i in missing])).vectors
     out = np.empty((len(texts), info.dimension), dtype=np.float32)
     for row, i in enumerate(missing):
         out[i] = embedded[row]
     for i, v in enumerate(given):
         if v is not None:
+            where = f"{field}[{i if owner is None else owner[i]}]"
             if len(v) != info.dimension:
-                raise InvalidRequest(f"{field}[{i}]: vector of dimension {len(v)}; collection {collection!r} has "
+                raise InvalidRequest(f"{where}: vector of dimension {len(v)}; collection {collection!r} has "
                                      f"{info.dimension}")
             vec = np.asarray(v, dtype=np.float32)
             norm = float(np.linalg.norm(vec))
             if not np.isfinite(vec).all() or not np.isfinite(norm) or norm == 0:
-                raise InvalidRequest(f"{field}[{i}]: a vector must be finite and non-zero")
+                raise InvalidRequest(f"{where}: a vector must be finite and non-zero")
             out[i] = vec / norm
     return out
 
 
 def _fields(record, include: Sequence[str]) -> dict[str, Any]:
     out = {"id": record.id}
-    if hasattr(record, "score"):
+    if isinstance(record, Hit):
         out["score"] = record.score
+        if record.start is not None:  # the best chunk's span
+            out["start"], out["end"] = record.start, record.end
     for name in include:
         out[name] = getattr(record, name)
+    if isinstance(record, Hit) and record.chunks is not None:
+        out["chunks"] = [{"start": a, "end": b, "score": score} for a, b, score in record.chunks]
     return out
+
+
+async def _documents(request: Request, collection: str, req: schemas.AddDocumentsRequest):
+    """The request's documents and their vectors, a row per chunk: a text the collection's model embeds is cut
+    into chunks where it is longer than the model's window (and chunking is on); the whole request is refused
+    (nothing written) when its chunks exceed max_request_chunks."""
+    docs = req.documents
+    check_batch(request, len(docs), "documents")
+    info = await _call(_index(request).info, collection)
+    config = settings(request)
+    asked = chunks.wanted(req.chunking, config, config.chunking and config.index_backend == "local")
+    spans: list[list[tuple[int, int]] | None] = [None] * len(docs)
+    if asked is not None:
+        if info.model is None and req.chunking not in (None, False):
+            raise ApiError(422, f"collection {collection!r} holds client vectors: chunking applies to texts the "
+                                "service embeds", "Validation", param="chunking")
+        cut = [i for i, d in enumerate(docs) if d.vector is None and d.text]
+        if cut and info.model is not None:
+            embedder = _embedder_for(request, collection, info)
+            chosen = chunks.options(embedder, asked, config)
+            found = await chunks.split(embedder, [cast(str, docs[i].text) for i in cut], chosen)
+            for i, doc_spans in zip(cut, found):
+                spans[i] = doc_spans if len(doc_spans) > 1 else None  # a text that fits: one chunk, as always
+    chunks.check_total(spans, config.max_request_chunks, "documents")
+    texts: list[str | None] = []
+    given: list = []
+    owner: list[int] = []
+    for i, (d, doc_spans) in enumerate(zip(docs, spans)):
+        if doc_spans is None:
+            texts.append(d.text)
+            given.append(d.vector)
+            owner.append(i)
+        else:
+            text = cast(str, d.text)
+            texts.extend(text[a:b] for a, b in doc_spans)
+            given.extend([None] * len(doc_spans))
+            owner.extend([i] * len(doc_spans))
+    vectors = await _vectors(request, collection, texts, given, "documents", info, owner)
+    return [Document(d.id, d.text or "", d.metadata, s) for d, s in zip(docs, spans)], vectors
 
 
 # --- collections ---------------------------------------------------------------------------------
@@ -175,10 +225,9 @@ def _collection(info: CollectionInfo) -> dict[str, Any]:
 
 @router.post("/collections/{name}/documents", response_model=schemas.AddDocumentsResponse)
 async def upsert(name: str, req: schemas.AddDocumentsRequest, request: Request):
-    """Add or replace documents: texts are embedded by the collection's model, or bring your vectors."""
-    docs = req.documents
-    vectors = await _vectors(request, name, [d.text for d in docs], [d.vector for d in docs], "documents")
-    documents = [Document(d.id, d.text or "", d.metadata) for d in docs]
+    """Add or replace documents: texts are embedded by the collection's model, or bring your vectors. A text
+    longer than the model's window becomes chunks, a vector each (`chunking`; docs/long-documents.md)."""
+    documents, vectors = await _documents(request, name, req)
     result = await _call(_index(request).upsert, name, documents, vectors)
     _count(request, name, result.total)
     return NumpyJSONResponse({"added": result.count, "total": result.total, "sequence": result.sequence})
@@ -239,6 +288,7 @@ async def search(name: str, req: schemas.SearchRequest, request: Request):
     params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
                           nprobe=req.nprobe, oversample=req.oversample, with_text="text" in req.include,
                           with_metadata="metadata" in req.include, with_vector="vector" in req.include,
+                          with_chunks=req.chunks,
                           mode=req.mode, texts=texts, rrf_k=fusion.k, dense_weight=fusion.dense_weight,
                           lexical_weight=fusion.lexical_weight, candidates=fusion.candidates)
     hits = await _call(_index(request).search, name, queries, params)

@@ -15,6 +15,7 @@ from typing import cast
 
 from fastapi import APIRouter, Request
 
+from service.api import chunking as chunks
 from service.api import output_types, schemas
 from service.api.errors import OPENAI_TAG, ApiError
 from service.api.output_types import base64_rows
@@ -35,6 +36,18 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
     served = model(request, req.model)
     if req.embedding_type != "float":  # refused before any compute where the model cannot give it
         output_types.require(req.embedding_type, served.info, req.dimensions)
+    spans = None
+    if req.chunking not in (None, False):  # ours: a row per chunk, with its input's index and its span
+        if not isinstance(texts[0], str):
+            raise ApiError(400, "'$.chunking' applies to text: inputs given as token ids are not cut", "Validation",
+                           param="chunking")
+        config = request.app.state.settings
+        text_inputs = cast(list[str], texts)
+        chosen = chunks.options(served, chunks.wanted(req.chunking, config, False), config, req.prompt_name,
+                                req.instruction)
+        spans = await chunks.split(served, text_inputs, chosen)
+        chunks.check_total(spans, config.max_request_chunks, "input")
+        texts = [text[a:b] for text, found in zip(text_inputs, spans) for a, b in found]
     result = await served.embed(texts, normalize=True, prompt_name=req.prompt_name, instruction=req.instruction)
     vectors = output_types.convert(matryoshka(result.vectors, req.dimensions, normalize=True), req.embedding_type,
                                    served.info.manifest)
@@ -42,7 +55,12 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
         rows = base64_rows(vectors)
     else:
         rows = list(vectors)
-    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    if spans is None:
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    else:
+        owned = [(i, a, b) for i, found in enumerate(spans) for a, b in found]
+        data = [{"object": "embedding", "index": i, "embedding": row, "start": a, "end": b}
+                for (i, a, b), row in zip(owned, rows)]
     body = {"object": "list", "data": data, "model": registry(request).name_of(served),
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
     return NumpyJSONResponse(body, headers=timing_headers(result, time.perf_counter() - start))

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from service.api import chunking as chunks
 from service.api import output_types, schemas
 from service.api.errors import ApiError
 from service.api.registry import ServedModel
@@ -66,6 +67,8 @@ async def embed(req: schemas.EmbedRequest, request: Request):
     served = model(request, req.model)
     if req.embedding_type != "float":  # refused before any compute where the model cannot give it
         output_types.require(req.embedding_type, served.info, req.dimensions, req.normalize)
+    if req.chunking not in (None, False):
+        return await _embed_chunks(req, request, served, start)
     vectors, result = await embed_vectors(served, req.texts,
                                           settings(request).max_client_batch_size, dimensions=req.dimensions,
                                           normalize=req.normalize, truncate=req.truncate,
@@ -73,6 +76,32 @@ async def embed(req: schemas.EmbedRequest, request: Request):
                                           instruction=req.instruction)
     vectors = output_types.convert(vectors, req.embedding_type, served.info.manifest)
     return NumpyJSONResponse(vectors, headers=timing_headers(result, time.perf_counter() - start))
+
+
+async def _embed_chunks(req: schemas.EmbedRequest, request: Request, served: ServedModel, start: float):
+    """/embed with `chunking` (ours): per input, a list of {start, end, embedding}, one per chunk of it (one
+    spanning it all where it fits the window)."""
+    config = settings(request)
+    texts = req.texts
+    check_count(len(texts), config.max_client_batch_size, "inputs")
+    empty = next((i for i, text in enumerate(texts) if not text), None)
+    if empty is not None:
+        raise ApiError(422, f"inputs[{empty}] is empty: every input needs text", "Validation", param="inputs")
+    chosen = chunks.options(served, chunks.wanted(req.chunking, config, False), config, req.prompt_name,
+                            req.instruction)
+    spans = await chunks.split(served, texts, chosen)
+    chunks.check_total(spans, config.max_request_chunks, "inputs")
+    pieces = [text[a:b] for text, found in zip(texts, spans) for a, b in found]
+    vectors, result = await embed_vectors(served, pieces, config.max_request_chunks, dimensions=req.dimensions,
+                                          normalize=req.normalize, truncate=req.truncate,
+                                          direction=req.truncation_direction, prompt_name=req.prompt_name,
+                                          instruction=req.instruction)
+    vectors = output_types.convert(vectors, req.embedding_type, served.info.manifest)
+    out, row = [], 0
+    for found in spans:
+        out.append([{"start": a, "end": b, "embedding": vectors[row + j]} for j, (a, b) in enumerate(found)])
+        row += len(found)
+    return NumpyJSONResponse(out, headers=timing_headers(result, time.perf_counter() - start))
 
 
 @router.post("/similarity", response_model=list[float])
