@@ -31,7 +31,7 @@ def _layer_nodes(graph, kind: str) -> list[str]:
     shapes = {init.name: list(init.dims) for init in graph.initializer}
     if kind == "qkv":
         return [n.name for n in graph.node if n.op_type == "Attention"]
-    if kind == "ffn_out":  # the very nodes build_int8 quantises by blocks
+    if kind == "ffn_out":  # the very nodes build_int8 row-scales
         return ffn_outputs(graph)
     dense = [n for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2]
     test = {"attn_out": lambda k, n: k == n, "ffn_in": lambda k, n: k < n}[kind]

@@ -348,16 +348,16 @@ def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, n
 
 def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: float, min_cosine: float,
               int8: bool, fp16: bool) -> tuple[dict[str, Any], dict[str, str]]:
-    """The int8 graph (one for every CPU: `quantize.INT8_GRAPHS`) and fp16 beside fp32, from one pass of
+    """The int8 graph (one for every CPU: `quantize.build_int8`) and fp16 beside fp32, from one pass of
     transformer fusions, each with its quality measured here against fp32 (export/quantize.py), and the
     variants left out with why.
 
     Each variant stands alone: one that fails `quantize.check`, or whose building or measuring raises
     anything at all (a converter bug of one onnxruntime release, say), is left out with a warning, and the
     others and the verified fp32 graph are written all the same."""
-    asked = ([name for name in quantize.INT8_GRAPHS] if int8 else []) + (["fp16"] if fp16 else [])
+    asked = (["int8"] if int8 else []) + (["fp16"] if fp16 else [])
     left_out: dict[str, str] = {}
-    files = {**{name: file for name, (file, _, _) in quantize.INT8_GRAPHS.items()}, "fp16": quantize.FP16_FILE}
+    files = {"int8": quantize.INT8_FILE, "fp16": quantize.FP16_FILE}
 
     def leave_out(name: str, reason: str, error: Exception | None = None) -> None:
         left_out[name] = reason
@@ -376,11 +376,10 @@ def _variants(encoder: SentenceEncoder, staging: Path, data_dir, max_stsb_drop: 
             leave_out(name, f"measuring fp32's reference vectors failed ({_describe(e)})", e)
         return {}, left_out
     family = families.family_of(encoder.transformer.config)
-    # what stays in float in int8 is searched per model against the cosine gate (quantize.search_int8)
-    builders: dict[str, Callable[[Path, Path], dict[str, Any] | None]] = {
-        name: functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine, reference=reference,
-                                precise_by=by, layers=layers)
-        for name, (_, by, layers) in quantize.INT8_GRAPHS.items() if name in asked}
+    builders: dict[str, Callable[[Path, Path], dict[str, Any] | None]] = {}
+    if "int8" in asked:  # what stays in float is searched per model against the cosine gate (quantize.search_int8)
+        builders["int8"] = functools.partial(quantize.search_int8, export_dir=staging, min_cosine=min_cosine,
+                                             reference=reference)
     if "fp16" in asked:
         builders["fp16"] = functools.partial(quantize.build_fp16, float32_norms=family.rms_norm)
     searched: dict[str, dict[str, Any] | None] = {}  # what a builder says of its choices (int8's float MatMuls)

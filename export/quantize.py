@@ -4,9 +4,9 @@ Fusions first (attention, LayerNorm, GELU: `onnxruntime.transformers.optimizer`)
 - int8: dynamic quantisation, weights per output channel, activations at run time, of every MatMul
   and the fused attention (but those a model needs in float to pass the gate: `search_int8`), the
   feed-forward outputs of layers 0-2 with their inputs scaled per row first; two
-  fusions that the CPU provider runs slowly split back (`build_int8` says which and why). One graph for every
-  CPU (`INT8_GRAPHS` says why): older exports wrote it as int8-avx2, beside a by-blocks int8 for VNNI CPUs, and
-  the engine serves int8-avx2 from those (service/engine/backends/cpu.py);
+  fusions that the CPU provider runs slowly split back (`build_int8` says which and why). One graph that
+  computes the same vectors on every x86 CPU (exports with the retired per-CPU pair, int8 by blocks beside
+  int8-avx2, are refused by the service: service/manifest.py);
 - fp16: weights and activations in float16 for GPUs, inputs and outputs unchanged (int64 in, float32
   out), pooling and L2 normalisation kept in float32 (`build_fp16`).
 Each variant's quality is measured against the fp32 graph the export just verified: cosine on a fixed
@@ -72,70 +72,47 @@ def fuse(fp32_graph: Path, out: Path, num_heads: int, hidden_size: int, model_ty
         return fp32_graph
 
 
-#: the block of weights (along the input dimension) that shares one scale in MatMulNBits
-INT8_BLOCK_SIZE = 128
+#: the layers (counted from the input) whose feed-forward output MatMul `build_int8` row-scales (`row_scaled`)
+ROW_SCALED_LAYERS = (0, 1, 2)
 
 
-#: the int8 graph of an export, by variant: its file, how `build_int8` keeps the early feed-forward outputs (the
-#: MatMuls one uint8 scale per tensor resolves worst) precise, and which layers' (counted from the input). One
-#: graph, "rows", for every CPU: it is the faster one with and without VNNI (MatMulNBits' per-block kernel is slow
-#: without VNNI), at the same cosine; and it gives the same vectors on every x86 CPU, where MatMulNBits' kernels
-#: differ per instruction set, so a by-blocks graph exported on one CPU can fail its golden check on another
-#: (RESULTS.md, "int8 against sentence-transformers' one-call int8"; docs/int8.md)
-INT8_GRAPHS = {"int8": (INT8_FILE, "rows", (0, 1, 2))}
-
-
-#: how `build_int8` keeps a feed-forward output precise: MatMulNBits (`blockwise_int8`) or per-row scales (`row_scaled`)
-PRECISE_BY = ("blocks", "rows")
-
-
-def build_int8(source: Path, out: Path, precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2),
+def build_int8(source: Path, out: Path, layers: tuple[int, ...] = ROW_SCALED_LAYERS,
                float_nodes: tuple[str, ...] = ()) -> None:
-    """int8 of `source` (the fused graph), chosen by figures against the int8 sentence-transformers makes in one
-    call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers' one-call int8"):
+    """int8 of `source` (the fused graph): one graph for every CPU, each choice measured against the int8
+    sentence-transformers makes in one call (`make bench-int8`; RESULTS.md "int8 against sentence-transformers'
+    one-call int8"; docs/int8.md):
 
     - dynamic quantisation: weights per output channel, symmetric int8 in 7 bits (`reduce_range`, |q| <= 64);
       activations uint8 with one scale per tensor, computed per pass at run time; the fused attention's QKV
       projection (QAttention) and the embedding tables (QEmbedLayerNormalization) quantised too. 7 bits
       because x86 CPUs without VNNI multiply uint8 by int8 with VPMADDUBSW, which saturates each pair of
       products at 32,767: with 8-bit weights (255 * 127 * 2) an AVX2-only CPU's vectors differ from the exact
-      ones a VNNI CPU computes (`EXACT_INT8_KERNEL` on the AVX2 CPU: up to 3.6e-2 on the golden sentences), so
-      an export made on one failed its golden check on the other; with 7 bits (255 * 64 * 2 = 32,640) every
-      x86 kernel is exact and gives the same vectors (`saturating_int8_weights`). It costs 0.0007 / 0.0017 of
-      mean cosine to fp32 (short / long texts) against 8 bits computed exactly, and no speed (the same kernels);
-    - but the feed-forward output MatMuls of `layers` kept precise: they take the GELU's long-tailed output,
-      which one uint8 scale per tensor resolves worst, and an early layer's error runs through every later one
-      (all quantised per tensor: mean cosine to fp32 on long texts 0.9870-0.9892, under the gate). `precise_by`
-      "blocks": as MatMulNBits with 8-bit weights (one scale per `INT8_BLOCK_SIZE` weights) and int8 compute
-      (accuracy_level 4), whose activations are quantised per row and block (layers 0 and 2: 0.9925; older
-      exports' `int8`, rebuilt so for comparison and tests); "rows", the default (`INT8_GRAPHS`):
-      int8 per channel like the others, with each row (token) of their input scaled to a largest |value| of 1
-      first (`row_scaled`), so the one scale per tensor fits every token (layers 0-2: 0.9916, and no float32
-      or per-block GEMM);
+      ones a VNNI CPU computes (`EXACT_INT8_KERNEL`), so an export made on one failed its golden check on the
+      other; with 7 bits (255 * 64 * 2 = 32,640) every x86 kernel is exact and gives the same vectors
+      (`saturating_int8_weights`), at a small cost in cosine and none in speed (the same kernels);
+    - the feed-forward output MatMuls of `layers` row-scaled first (`row_scaled`): they take the GELU's
+      long-tailed output, which one uint8 scale per tensor resolves worst, and an early layer's error runs
+      through every later one (all quantised plainly per tensor, long texts fall under the gate). Each row
+      (token) of their input scaled to a largest |value| of 1 lets the one scale per tensor fit every token,
+      with no float32 or per-block GEMM (MatMulNBits' kernels compute differently per instruction set);
     - the fused ops onnxruntime's CPU provider runs slowly split back into the plain ops it runs fast:
       SkipLayerNormalization (`plain_layer_norms`: the same values) and BiasGelu (`plain_gelu`, with GELU's tanh
-      approximation).
+      approximation). Not fusions left undone: `fuse` serves fp16 too, which keeps them, and the int8 rewrites
+      depend on the int8 GEMMs before them (a negated GEMM and a Sub where onnxruntime would fuse an Add back).
     Quantising every MatMul per tensor, the unfused graph with int8 attention products (sentence-transformers'
-    graph: long-text cosine 0.987), static QDQ, symmetric activations, asymmetric weights and
-    per-tensor weights all lose the cosine gate or more (`python -m benchmarks.int8_configs`).
+    graph), static QDQ, symmetric activations, asymmetric weights and per-tensor weights all lose the cosine
+    gate or more (`python -m benchmarks.int8_configs`).
     `float_nodes`: MatMuls left in float32 (what `search_int8` finds a model needs to pass the gate)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if precise_by not in PRECISE_BY:
-        raise ValueError(f"precise_by={precise_by!r}: one of {PRECISE_BY}")
     model = onnx.load(str(source))
-    precise = [name for i, name in enumerate(ffn_outputs(model.graph)) if i in layers]
-    if precise_by == "rows":
-        row_scaled(model, set(precise))
+    row_scaled(model, {name for i, name in enumerate(ffn_outputs(model.graph)) if i in layers})
     quantize_dynamic(model, str(out), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                     nodes_to_exclude=list(float_nodes) + (precise if precise_by == "blocks" else []),
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+                     nodes_to_exclude=list(float_nodes), extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     model = onnx.load(str(out))
     if saturating := saturating_int8_weights(model):  # another onnxruntime's quantiser, say: refuse, named
         raise ValueError(f"int8 weights past ±{MAX_INT8_WEIGHT} would saturate x86 CPUs without VNNI: {saturating}")
-    if precise_by == "blocks":
-        blockwise_int8(model, set(precise), INT8_BLOCK_SIZE)
     plain_gelu(model)
     plain_layer_norms(model)
     onnx.save(model, str(out))
@@ -196,7 +173,7 @@ def local_int8_errors(source: Path, export_dir: Path, texts: list[str],
 
 def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = MIN_MEAN_COSINE,
                 margin: float = 0.001, search_margin: float = 0.003, reference: Reference | None = None,
-                precise_by: str = "rows", layers: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+                layers: tuple[int, ...] = ROW_SCALED_LAYERS) -> dict[str, Any]:
     """`build_int8` with the fewest MatMuls left in float32 that lifts the mean cosine to fp32 on both quality
     sets (short sentences, long passages) to the gate, `min_cosine`, and a margin: none if the recipe passes
     with `margin` as it is (it does for all-MiniLM-L6-v2); else the GEMMs ranked by `local_int8_errors` on the
@@ -212,7 +189,7 @@ def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = M
     trials: list[list[float]] = []
 
     def passes(float_nodes: tuple[str, ...]) -> bool:  # at `target`
-        build_int8(source, out, precise_by=precise_by, layers=layers, float_nodes=float_nodes)
+        build_int8(source, out, layers=layers, float_nodes=float_nodes)
         quality = measure(export_dir, out.name, None, reference)
         short, long = quality["mean_cosine_to_fp32"], quality["mean_cosine_to_fp32_long"]
         trials.append([len(float_nodes), short, long])
@@ -225,8 +202,7 @@ def search_int8(source: Path, out: Path, export_dir: Path, min_cosine: float = M
     target = min_cosine + search_margin
     import onnx
 
-    row_scaled_nodes = ({name for i, name in enumerate(ffn_outputs(onnx.load(str(source)).graph)) if i in layers}
-                        if precise_by == "rows" else set())
+    row_scaled_nodes = {name for i, name in enumerate(ffn_outputs(onnx.load(str(source)).graph)) if i in layers}
     errors = local_int8_errors(source, export_dir, quality_sentences() + quality_long_sentences(), row_scaled_nodes)
     ranked = tuple(sorted(errors, key=errors.__getitem__, reverse=True))
     low, high = 0, 1  # fails with `low` in float; `high` is tried next
@@ -303,46 +279,6 @@ def saturating_int8_weights(model) -> list[str]:
     return [name for node in model.graph.node if node.op_type in _UINT8_X_INT8_OPS
             for name in node.input[1:2] if name in weights and weights[name].data_type == TensorProto.INT8
             and np.abs(numpy_helper.to_array(weights[name]).astype(np.int32)).max() > MAX_INT8_WEIGHT]
-
-
-def blockwise_int8(model, names: set[str], block_size: int) -> int:
-    """Replace the MatMuls named (each with a constant [K, N] weight) by com.microsoft MatMulNBits, 8 bits:
-    one float32 scale per `block_size` weights along K, symmetric (the default zero point, 128); int8 compute
-    (accuracy_level 4: the activations quantised per row and block). How many were replaced."""
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    weights = {init.name: init for init in graph.initializer}
-    nodes, replaced = [], 0
-    for node in graph.node:
-        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and node.name in names else None
-        if weight is None or len(weight.dims) != 2:
-            nodes.append(node)
-            continue
-        w = numpy_helper.to_array(weight).astype(np.float32)
-        k, n = w.shape
-        blocks = -(-k // block_size)
-        padded = np.zeros((n, blocks * block_size), np.float32)
-        padded[:, :k] = w.T
-        padded = padded.reshape(n, blocks, block_size)
-        scale = np.abs(padded).max(axis=2) / 127
-        scale[scale == 0] = 1
-        q = (np.clip(np.round(padded / scale[:, :, None]), -127, 127) + 128).astype(np.uint8)
-        graph.initializer.extend([numpy_helper.from_array(q, f"{node.name}_B8"),
-                                  numpy_helper.from_array(scale.reshape(-1), f"{node.name}_scales")])
-        nodes.append(helper.make_node("MatMulNBits", [node.input[0], f"{node.name}_B8", f"{node.name}_scales"],
-                                      list(node.output), name=node.name, domain="com.microsoft", K=k, N=n, bits=8,
-                                      block_size=block_size, accuracy_level=4))
-        replaced += 1
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [init for init in graph.initializer if init.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    if replaced and not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return replaced
 
 
 def plain_layer_norms(model) -> int:

@@ -73,11 +73,6 @@ def test_an_int8_build_that_raises_leaves_fp32_and_fp16(encoder, tmp_path, monke
     OnnxBackend(tmp_path / "e", variant="fp16").self_check()
 
 
-#: what exports before the one int8 graph wrote: a by-blocks int8 (for VNNI CPUs) and the row-scaled int8-avx2
-OLD_INT8_GRAPHS = {"int8": (quantize.INT8_FILE, "blocks", (0, 2)),
-                   "int8-avx2": ("model.int8-avx2.onnx", "rows", (0, 1, 2))}
-
-
 def test_both_builds_raising_still_export_fp32(encoder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(quantize, "build_int8", _boom("no int8"))
     monkeypatch.setattr(quantize, "build_fp16", _boom("no fp16"))
@@ -241,23 +236,6 @@ def _two_matmuls(w1: np.ndarray, w2: np.ndarray, opset: int = 17) -> onnx.ModelP
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
 
 
-def test_blockwise_int8_matches_the_float_matmul_it_replaces(tmp_path):
-    """int8's block-quantised MatMuls (MatMulNBits, 8 bits, int8 compute) give the float MatMul's result to int8
-    precision, with K not a multiple of the block (padded), and leave the MatMuls not named alone."""
-    import onnxruntime as ort
-
-    rng = np.random.default_rng(0)
-    w1, w2 = rng.normal(size=(80, 24)).astype(np.float32), rng.normal(size=(24, 8)).astype(np.float32)
-    model = _two_matmuls(w1, w2)
-    assert quantize.blockwise_int8(model, {"first"}, block_size=32) == 1
-    assert [n.op_type for n in model.graph.node] == ["MatMulNBits", "MatMul"]
-    onnx.checker.check_model(model)
-    x = rng.normal(size=(5, 80)).astype(np.float32)
-    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    expected = x @ w1 @ w2
-    assert np.abs(got - expected).max() <= 0.02 * np.abs(expected).max()
-
-
 @pytest.mark.parametrize("opset", [17, 18])  # ReduceMax's axes: an attribute, then an input
 def test_row_scaled_keeps_the_function_and_lets_one_int8_scale_fit_every_row(tmp_path, opset):
     """int8's row-scaled MatMuls compute the same product in float (an all-zero row included: no NaN), leave
@@ -388,9 +366,8 @@ def test_int8_weights_fit_every_x86_kernel(encoder, tmp_path):
     config = encoder.transformer.config
     fused = quantize.fuse(tmp_path / "e" / "model.onnx", tmp_path / "fused.onnx", config.num_attention_heads,
                           config.hidden_size)
-    for _, by, layers in OLD_INT8_GRAPHS.values():  # today's graph (rows) and older exports' int8 (blocks)
-        quantize.build_int8(fused, tmp_path / "int8.onnx", precise_by=by, layers=layers)
-        assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
+    quantize.build_int8(fused, tmp_path / "int8.onnx")
+    assert quantize.saturating_int8_weights(onnx.load(str(tmp_path / "int8.onnx"))) == []
     quantize_dynamic(str(fused), str(tmp_path / "8bit.onnx"), per_channel=True, weight_type=QuantType.QInt8,
                      extra_options={"DefaultTensorType": TensorProto.FLOAT})
     flagged = quantize.saturating_int8_weights(onnx.load(str(tmp_path / "8bit.onnx")))
@@ -406,6 +383,5 @@ def test_build_int8_refuses_weights_that_would_saturate(encoder, tmp_path, monke
     monkeypatch.setattr(quantization, "quantize_dynamic", lambda *a, **kw: real(*a, **{**kw, "reduce_range": False}))
     export_onnx(encoder, tmp_path / "e", fp16=False)
     manifest = Manifest.load(tmp_path / "e")
-    for name, (file, _, _) in quantize.INT8_GRAPHS.items():
-        assert name not in manifest.variants and not (tmp_path / "e" / file).exists()
-        assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out[name]
+    assert "int8" not in manifest.variants and not (tmp_path / "e" / quantize.INT8_FILE).exists()
+    assert "would saturate x86 CPUs without VNNI" in manifest.variants_left_out["int8"]
