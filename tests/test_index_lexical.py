@@ -275,3 +275,17 @@ def test_http_lexical_collections_modes_and_their_422s(client):
     refused(client.post("/collections/notes/search", json={"vector": [1.0] * 4, "mode": "lexical"}),
             "give query (text), not vector")
     refused(client.post("/collections", json={"name": "x", "lexical": "yes"}), "lexical")
+
+
+def test_each_chunk_of_a_long_document_is_indexed_and_a_hit_is_the_document_at_its_best_chunk(index):
+    text = "alpha beta gamma. " * 3 + "the zyx kinase QX9981 appears here once. " + "delta epsilon. " * 3
+    cut = text.index("the zyx")
+    chunked = Document("long", text, {"kind": "long"}, [(0, cut), (cut, len(text))])
+    index.upsert("c", [chunked], np.stack([vec("a"), vec("b")]))
+    put(index, docs("dog"))
+    [[hit]] = index.search("c", None, SearchParams(k=5, mode="lexical", texts=["QX9981"]))
+    assert (hit.id, hit.start, hit.end) == ("long", cut, len(text)) and hit.text == text
+    [hits] = index.search("c", None, SearchParams(k=5, mode="lexical", texts=["alpha QX9981 lazy"]))
+    assert sorted(h.id for h in hits) == ["dog", "long"]  # a document once, however many of its chunks match
+    index.delete("c", ["long"])
+    assert lexical(index, "QX9981 alpha") == [[]]
