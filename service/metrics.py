@@ -20,22 +20,27 @@ TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32
 SMALL_BATCH = 4
 
 
-def observe_all(histogram: Histogram, values: np.ndarray) -> None:
-    """`histogram.observe(v)` for every v, with one write per bucket touched instead of one per value (a
-    multiprocess write each: a 256-text request would pay 256). The same buckets (v <= bound) and sum."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.size <= SMALL_BATCH:  # numpy's fixed cost is more than a few writes
-        for value in values.tolist():
-            histogram.observe(value)
-        return
-    histogram._raise_if_not_observable()
-    bounds = histogram._upper_bounds  # ends with +Inf
-    # the first bound >= v is v's bucket; NaN sorts past every bound, into none (as observe() puts it)
-    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
-    for bucket, count in zip(histogram._buckets, counts.tolist()):
-        if count:
-            bucket.inc(count)
-    histogram._sum.inc(float(values.sum()))
+class BulkHistogram(Histogram):
+    """A Histogram that also takes many values at once (its labelled children are BulkHistograms too)."""
+
+    def observe_all(self, values: np.ndarray) -> None:
+        """`observe(v)` for every v, with one write per bucket touched instead of one per value (a multiprocess
+        write each: a 256-text request would pay 256). The same buckets (v <= bound) and sum. It writes the
+        buckets prometheus-client's Histogram keeps (its own attributes, which a subclass shares): the library
+        has no bulk observe."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.size <= SMALL_BATCH:  # numpy's fixed cost is more than a few writes
+            for value in values.tolist():
+                self.observe(value)
+            return
+        self._raise_if_not_observable()
+        bounds = self._upper_bounds  # ends with +Inf
+        # the first bound >= v is v's bucket; NaN sorts past every bound, into none (as observe() puts it)
+        counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+        for bucket, count in zip(self._buckets, counts.tolist()):
+            if count:
+                bucket.inc(count)
+        self._sum.inc(float(values.sum()))
 
 
 class ApiMetrics:
@@ -51,7 +56,7 @@ class ApiMetrics:
         self.model_info = Gauge("sembed_model_info", "the models served (value 1)",
                                 ["model", "dimension", "max_seq_length", "device", "sha256"], registry=r,
                                 multiprocess_mode="max")
-        self.input_tokens = Histogram("sembed_input_length_tokens", "tokens per input, after truncation",
+        self.input_tokens = BulkHistogram("sembed_input_length_tokens", "tokens per input, after truncation",
                                       buckets=TOKEN_BUCKETS, registry=r)
         self.tokenization_seconds = Histogram("sembed_tokenization_duration_seconds", "tokenisation per request",
                                               buckets=LATENCY_BUCKETS, registry=r)

@@ -105,7 +105,7 @@ def test_reads_spanning_the_structure_and_the_slot_array():
     _, slots = vs.search(queries, 10, allowed)
     assert np.array_equal(slots, allowed[np.argsort(-(queries @ x[allowed].T), axis=1)[:, :10]])
     vs.kill(np.arange(n - 300, n - 200))
-    vectors, found = vs._gather(allowed, vs._store, vs._ann)
+    vectors, found = vs.gather(allowed, vs._store, vs._ann)
     assert found.all() and np.array_equal(vectors, x[allowed])  # dead but not rebuilt: still readable
     vs.close()
 

@@ -20,18 +20,18 @@ SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess
-    from service.metrics import TOKEN_BUCKETS, observe_all
+    from service.metrics import TOKEN_BUCKETS, BulkHistogram
 
     values = [float(v) for v in sys.argv[1].split(",")]
     registry = CollectorRegistry()
     one = Histogram("one_by_one", "h", buckets=TOKEN_BUCKETS, registry=registry)
-    bulk = Histogram("in_bulk", "h", buckets=TOKEN_BUCKETS, registry=registry)
+    bulk = BulkHistogram("in_bulk", "h", buckets=TOKEN_BUCKETS, registry=registry)
     for v in values:
         one.observe(v)
-    observe_all(bulk, np.array(values[:5]))
-    observe_all(bulk, np.array([]))
-    observe_all(bulk, np.array(values[5:7]))  # a small batch: observe() for each
-    observe_all(bulk, np.array(values[7:]))
+    bulk.observe_all(np.array(values[:5]))
+    bulk.observe_all(np.array([]))
+    bulk.observe_all(np.array(values[5:7]))  # a small batch: observe() for each
+    bulk.observe_all(np.array(values[7:]))
     if sys.argv[2] == "multiprocess":
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

@@ -19,7 +19,7 @@ import numpy as np
 from service.api.cache import VectorCache, scope_of
 from service.api.client import EngineClient, InProcessEngineClient
 from service.ipc.messages import EmbedResult, EngineError, InvalidInput, ModelInfo, TokenBatch, WrongModelType
-from service.metrics import ApiMetrics, observe_all
+from service.metrics import ApiMetrics
 from service.tokenization import TextTokenizer, check_texts, check_truncation, from_ids
 
 log = logging.getLogger("sembed.registry")
@@ -253,7 +253,7 @@ class ServedModel:
             batch = await self._text_batch(texts, truncate, truncation_direction, prompt_name)
             tokenization_s = time.perf_counter() - start
             self.metrics.tokenization_seconds.observe(tokenization_s)
-            observe_all(self.metrics.input_tokens, batch.lengths)
+            self.metrics.input_tokens.observe_all(batch.lengths)
             result = await self.client.embed(batch, timeout_s=timeout_s, tokens=True)
             result.tokenization_s = tokenization_s
         offsets = batch.offsets
@@ -286,7 +286,7 @@ class ServedModel:
     async def _infer(self, batch: TokenBatch, normalize: bool, timeout_s: float | None,
                      tokenization_s: float) -> EmbedResult:
         self.metrics.tokenization_seconds.observe(tokenization_s)
-        observe_all(self.metrics.input_tokens, batch.lengths)
+        self.metrics.input_tokens.observe_all(batch.lengths)
         result = await self.client.embed(batch, normalize=normalize, timeout_s=timeout_s)
         result.tokenization_s = tokenization_s
         return result

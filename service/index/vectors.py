@@ -238,7 +238,7 @@ class VectorSet:
         rows = np.flatnonzero(self._live[: self.n])
         if len(rows) > QUANT_TRAIN_MAX:
             rows = rows[np.linspace(0, len(rows) - 1, QUANT_TRAIN_MAX).astype(np.int64)]
-        vectors, _ = self._gather(rows, self._store, None)  # quantized: every slot is in the array
+        vectors, _ = self.gather(rows, self._store, None)  # quantized: every slot is in the array
         sq = faiss.ScalarQuantizer(self.dimension, faiss.ScalarQuantizer.QT_8bit)
         sq.rangestat = faiss.ScalarQuantizer.RS_minmax
         sq.rangestat_arg = QUANT_RANGE_MARGIN
@@ -271,7 +271,7 @@ class VectorSet:
     def vector(self, slot: int) -> np.ndarray | None:
         """A slot's vector (a copy when the structure holds it); None if it is gone (dead, and dropped
         by a rebuild)."""
-        vectors, found = self._gather(np.array([slot], dtype=np.int64), self._store, self._ann)
+        vectors, found = self.gather(np.array([slot], dtype=np.int64), self._store, self._ann)
         return vectors[0] if found[0] else None
 
     def view(self) -> tuple[LiveRows, np.ndarray]:
@@ -336,7 +336,7 @@ class VectorSet:
 
     # reading vectors ----------------------------------------------------------------------------
 
-    def _gather(self, slots: np.ndarray, store, ann) -> tuple[np.ndarray, np.ndarray]:
+    def gather(self, slots: np.ndarray, store, ann) -> tuple[np.ndarray, np.ndarray]:
         """(vectors of `slots`, found): rows from the array at or above its base, the rest from `ann`'s
         storage (HNSW: a slot below base is covered, so it is there unless it died before a rebuild)."""
         array, base = store
@@ -486,7 +486,7 @@ class VectorSet:
         best = None
         for i in range(0, len(rows), EXACT_BLOCK):
             block = rows[i: i + EXACT_BLOCK]
-            vectors, found = self._gather(block, store, ann)
+            vectors, found = self.gather(block, store, ann)
             if not found.all():  # died and dropped by a rebuild since the caller read them
                 vectors, block = vectors[found], block[found]
             if len(block):
@@ -568,7 +568,7 @@ class VectorSet:
         if len(rows) > 256 * t.nlist:  # FAISS samples this many itself; sample here to save the copy
             pick = np.random.default_rng(0).choice(len(rows), 256 * t.nlist, replace=False)
             rows = rows[np.sort(pick)]
-        index.train(np.ascontiguousarray(self._gather(rows, store, None)[0]))  # IVF: every slot is in the array
+        index.train(np.ascontiguousarray(self.gather(rows, store, None)[0]))  # IVF: every slot is in the array
         return index
 
     def build_now(self) -> None:
@@ -588,7 +588,7 @@ class VectorSet:
             ann = self._new_structure(live_rows, store)
             for i in range(0, len(live_rows), BUILD_CHUNK * 8):
                 rows = live_rows[i: i + BUILD_CHUNK * 8]
-                vectors, found = self._gather(rows, store, old)  # all found: only this thread drops slots
+                vectors, found = self.gather(rows, store, old)  # all found: only this thread drops slots
                 ann.add_with_ids(self._encode(vectors), rows)
             dead_since = int(np.count_nonzero(~self._live[live_rows]))  # killed while we built
             copy = gpu.copy_to_gpu(self._gpu, ann) if self._gpu is not None else None
@@ -674,7 +674,7 @@ class LiveRows:
 
     def __getitem__(self, slots) -> np.ndarray:
         slots = np.asarray(slots, dtype=np.int64)
-        vectors, found = self.owner._gather(slots, self.store, self.ann)
+        vectors, found = self.owner.gather(slots, self.store, self.ann)
         if not found.all():
             raise RuntimeError(f"{int(np.count_nonzero(~found))} live vectors are missing from the structure")
         return vectors
