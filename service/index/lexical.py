@@ -8,7 +8,8 @@ log's replay and a snapshot's load (which keep that order) give the same scores 
 ranking: the index needs no file of its own, the write-ahead log and the snapshots' documents
 carry its text.
 
-Reciprocal rank fusion (`fuse`) merges the dense and the lexical ranking of a hybrid search.
+Reciprocal rank fusion (`fuse`; Cormack, Clarke & Büttcher 2009, whose k = 60 is the default) merges the
+dense and the lexical ranking of a hybrid search.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import bm25s
 import numpy as np
 
 MODES = ("dense", "lexical", "hybrid")
-DEFAULT_RRF_K = 60  # Cormack, Clarke & Büttcher (2009): k = 60
 DEFAULT_CANDIDATES = 100  # per ranking a hybrid search fuses (at least k)
 
 
