@@ -259,3 +259,14 @@ def test_the_milvus_backend_does_not_import_torch():
     code = "import sys, service.index.milvus, pymilvus; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_lexical_indexes_and_their_search_modes_are_refused_by_name(index, name):
+    with pytest.raises(InvalidRequest, match="lexical indexes .* not available on the milvus backend"):
+        index.create_collection(CollectionSpec("t" + uuid.uuid4().hex[:12], DIM, lexical=True))
+    index.upsert(name, [Document("a", "a red fox")], unit([[1, 0, 0, 0]]))
+    for mode in ("lexical", "hybrid"):
+        with pytest.raises(InvalidRequest, match=f"mode '{mode}' needs a lexical index"):
+            index.search(name, unit([[1, 0, 0, 0]]), SearchParams(mode=mode, texts=["fox"]))
+    assert index.info(name).lexical is False
+    assert [h.id for h in index.search(name, unit([[1, 0, 0, 0]]), SearchParams())[0]] == ["a"]
