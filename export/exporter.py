@@ -185,24 +185,15 @@ def export_onnx(
         if not diff <= tolerance:
             raise ParityError(f"ONNX and torch differ by {diff:.2e} (> {tolerance:.0e}); export discarded")
         _save_tokenizer(encoder.tokenizer, staging)
-        tok = encoder.tokenizer
         manifest = Manifest(
+            **_graph_fields(graph_path, encoder.tokenizer, input_names, GRAPH_OUTPUTS, diff),
             name=name or out_dir.name,
             base_model=encoder.base_model,
             method=method,
             pooling=encoder.pooling,
             dimension=encoder.dim,
             max_seq_length=encoder.max_seq_length,
-            opset=OPSET,
-            pad_token=tok.pad_token,
-            pad_token_id=tok.pad_token_id,
-            inputs=input_names,
-            outputs=GRAPH_OUTPUTS,
             token_dimension=getattr(encoder.transformer.config, "hidden_size", 0),
-            onnx_sha256=sha256_file(graph_path),
-            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            parity_max_abs_diff=diff,
-            batch_invariant=True,
             golden=golden_record(encoder),
             training=training,
             # what SentenceTransformer.encode returns by default for the source directory (the graph has both)
@@ -253,6 +244,15 @@ def _trace(module: nn.Module, feeds: dict[str, torch.Tensor], input_names: list[
             do_constant_folding=True,
             dynamo=False,  # the TorchScript exporter handles HF attention masks without onnxscript
         )
+
+
+def _graph_fields(graph_path: Path, tokenizer, inputs: list[str], outputs: list[str], parity: float) -> dict[str, Any]:
+    """The manifest fields that describe the verified graph, the same for every kind of export: its interface,
+    opset and padding token, its sha256 and when it was written, and its parity check against torch."""
+    return {"opset": OPSET, "pad_token": tokenizer.pad_token, "pad_token_id": tokenizer.pad_token_id,
+            "inputs": inputs, "outputs": outputs, "onnx_sha256": sha256_file(graph_path),
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "parity_max_abs_diff": parity,
+            "batch_invariant": True}  # pooling in the graph sums a batch of one row as it sums a larger batch
 
 
 def _save_tokenizer(tokenizer, staging: Path) -> None:
@@ -312,9 +312,9 @@ def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, n
         _save_tokenizer(scorer.tokenizer, staging)
         with torch.no_grad():
             golden = _ScoreGraph(scorer)(**_pair_feeds(scorer, GOLDEN_PAIRS)).numpy()
-        tok = scorer.tokenizer
         labels = getattr(scorer, "labels", 1)
         manifest = Manifest(
+            **_graph_fields(graph_path, scorer.tokenizer, input_names, [SCORE_OUTPUT], diff),
             name=name or out_dir.name,
             base_model=scorer.base_model,
             method=method,
@@ -322,15 +322,6 @@ def _export_cross_encoder(scorer: CrossEncoder | PairScorer, out_dir: Path, *, n
             pooling="cls",  # the head reads the [CLS] state
             dimension=labels,
             max_seq_length=scorer.max_seq_length,
-            opset=OPSET,
-            pad_token=tok.pad_token,
-            pad_token_id=tok.pad_token_id,
-            inputs=input_names,
-            outputs=[SCORE_OUTPUT],
-            onnx_sha256=sha256_file(graph_path),
-            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            parity_max_abs_diff=diff,
-            batch_invariant=True,
             golden={"pairs": [list(p) for p in GOLDEN_PAIRS],
                     "scores": np.round(golden.astype(np.float64), 7).tolist()},
             training=training,

@@ -11,7 +11,6 @@ quality gate measures dense embeddings).
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,17 @@ from core import families
 from core.sparse import SpladeEncoder
 from export.exporter import (
     GOLDEN_SENTENCES,
-    OPSET,
     PARITY_SENTENCES,
     PARITY_TOLERANCE,
     ParityError,
     _fix_output_dims,
+    _graph_fields,
     _input_names,
     _save_tokenizer,
     _staged,
     _trace,
 )
-from service.manifest import GRAPH_FILE, SPARSE, SPARSE_OUTPUT, Manifest, sha256_file
+from service.manifest import GRAPH_FILE, SPARSE, SPARSE_OUTPUT, Manifest
 
 #: the golden record keeps each golden sentence's largest values, not its whole vocabulary-sized vector
 GOLDEN_TOP = 64
@@ -98,23 +97,14 @@ def export_sparse(encoder: SpladeEncoder, out_dir: str | Path, *, name: str | No
             raise ParityError(f"ONNX and torch SPLADE vectors differ by {diff:.2e} (> {tolerance:.0e}); "
                               "export discarded")
         _save_tokenizer(encoder.tokenizer, staging)
-        tok = encoder.tokenizer
         manifest = Manifest(
+            **_graph_fields(graph_path, encoder.tokenizer, input_names, [SPARSE_OUTPUT], diff),
             name=name or out_dir.name,
             base_model=encoder.base_model,
             kind=SPARSE,
             pooling="splade",  # TEI's name for it (/info's model_type)
             dimension=encoder.vocab_size,
             max_seq_length=encoder.max_seq_length,
-            opset=OPSET,
-            pad_token=tok.pad_token,
-            pad_token_id=tok.pad_token_id,
-            inputs=input_names,
-            outputs=[SPARSE_OUTPUT],
-            onnx_sha256=sha256_file(graph_path),
-            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            parity_max_abs_diff=diff,
-            batch_invariant=True,
             golden=golden_record(encoder),
             prompts=encoder.prompts,
             default_prompt_name=encoder.default_prompt_name,
