@@ -240,8 +240,8 @@ def row_scaled(model, names: set[str]) -> int:
             continue
         x, name = node.input[0], node.name
         axis = [] if last_axis else ["row_scale_axis"]
-        # max |x| as max(max x, -min x): two reads of x, where Abs would write a copy of it to read (a third of the
-        # pass's time on the widest inputs: benchmarks.int8_profile)
+        # max |x| as max(max x, -min x): two reads of x, where Abs would write a copy of it to read, a large share
+        # of the pass on the widest inputs (`python -m benchmarks.int8_profile` shows where the time goes)
         nodes += [helper.make_node("ReduceMax", [x] + axis, [f"{name}_hi"], name=f"{name}_hi", keepdims=1, **last_axis),
                   helper.make_node("ReduceMin", [x] + axis, [f"{name}_lo"], name=f"{name}_lo", keepdims=1, **last_axis),
                   helper.make_node("Neg", [f"{name}_lo"], [f"{name}_neg_lo"], name=f"{name}_neg_lo"),
@@ -285,8 +285,8 @@ def plain_layer_norms(model) -> int:
     """Each com.microsoft SkipLayerNormalization as the residual sum and the LayerNormalization it fuses, when only
     its first output is read; how many. The same values, on kernels that are faster and spread over the threads:
 
-    - onnxruntime 1.31's CPU SkipLayerNormalization is several times slower than Sub + LayerNormalization
-      (`python -m benchmarks.ops`);
+    - onnxruntime 1.31's CPU SkipLayerNormalization is slower than Sub + LayerNormalization
+      (`python -m benchmarks.ops` measures both);
     - but onnxruntime fuses Add + LayerNormalization back into it when it loads the graph, and Sum, which it does
       not fuse, runs on one thread whatever the session's count;
     - so where the input is an int8 GEMM's product (`_integer_matmul`), that GEMM's weights and bias are negated
@@ -342,9 +342,9 @@ def plain_layer_norms(model) -> int:
 
 
 def plain_gelu(model) -> int:
-    """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, within
-    4.7e-4 of the erf GELU, far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu is slower than
-    Sum + Gelu, and FastGelu faster than Gelu (`python -m benchmarks.ops`).
+    """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, whose
+    difference from the erf GELU is far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu is
+    slower than Sum + Gelu, and FastGelu faster than Gelu (`python -m benchmarks.ops` measures them).
     The bias goes into the int8 GEMM before it where there is one (an Add after its output scale, which
     onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor less); elsewhere a Sum, as in
     `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""
@@ -419,7 +419,7 @@ def build_fp16(source: Path, out: Path, float32_norms: bool = False) -> None:
 
     What does not lead to the last layer's output (mean pooling over the sequence, any head, the L2
     normalisation) stays float32: a few hundred FLOPs a row, and in float16 the served vectors come out
-    up to 2.6e-4 off unit length (measured on the default model), past what the golden check allows.
+    off unit length by more than the golden check allows.
     `float32_norms`: the normalisation layers (the nodes of modules named *norm*) stay float32 too, as
     transformers computes an RMSNorm in float32 whatever the model's dtype (the decoders', Gemma's):
     a tiny Gemma 3 lost its fp16 gate without it (RESULTS.md "Any model a user brings")."""
