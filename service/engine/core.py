@@ -25,7 +25,7 @@ import numpy as np
 
 from service.engine.admission import Admission
 from service.engine.backends import Backend, padded_length
-from service.engine.queue import BatchQueue, Job
+from service.engine.queue import Batch, BatchQueue, Job
 from service.ipc.messages import (
     EmbedResult,
     InferenceFailed,
@@ -58,7 +58,7 @@ class EngineConfig:
     prefetch: bool
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None, **overrides) -> EngineConfig:
+    def from_settings(cls, settings: Settings | None = None, **overrides: Any) -> EngineConfig:
         """From `settings`, or from the settings' defaults with `overrides` (tests: any Settings field)."""
         s = settings or Settings(**overrides)
         return cls(max_batch_tokens=s.batch_token_budget(), max_batch_requests=s.batch_row_cap(),
@@ -90,7 +90,7 @@ class Engine:
         self.admission = Admission(config.max_queue_wait_s)
         self._held_inputs = 0
         self._running_tokens = 0  # of the pass on the device now: work ahead of every new request
-        self._prepared: threading_queue.Queue = threading_queue.Queue(maxsize=1)
+        self._prepared: threading_queue.Queue[Batch | None] = threading_queue.Queue(maxsize=1)
         self._threads: list[threading.Thread] = []
         self._accepting = False
 
@@ -165,7 +165,7 @@ class Engine:
                     tokens: bool = False) -> EmbedResult:
         """The same, awaited on an event loop in this process (tests, tools)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[None] = loop.create_future()
         job = self.submit(batch, normalize=normalize, timeout_s=timeout_s, tokens=tokens,
                           on_done=lambda j: loop.call_soon_threadsafe(_resolve, future))
         try:
@@ -243,7 +243,7 @@ class Engine:
             row += n
 
 
-def _resolve(future: asyncio.Future) -> None:
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():  # done: cancelled, the caller already left
         future.set_result(None)
 

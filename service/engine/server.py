@@ -36,7 +36,6 @@ from service.engine.backends import create_backend
 from service.engine.core import Engine, EngineConfig, measure_rate
 from service.engine.queue import Job
 from service.ipc.messages import (
-    Buffer,
     Cancel,
     Embed,
     EngineError,
@@ -56,7 +55,7 @@ from service.ipc.messages import (
     decode_requests,
     encode,
 )
-from service.ipc.stream import MAX_BUFFERS_PER_SEND, Reader, socket_path, unwritten
+from service.ipc.stream import MAX_BUFFERS_PER_SEND, Buffer, Reader, socket_path, unwritten
 from service.ipc.stream import encode as stream_encode
 from service.manifest import Manifest
 from service.metrics import EngineMetrics

@@ -27,8 +27,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-#: what a frame may be: bytes, or a view of an array or of what was received (no copy)
-Buffer = bytes | bytearray | memoryview
+from service.ipc.stream import Buffer
 
 # --- the token batch -------------------------------------------------------------------------------
 
@@ -82,7 +81,8 @@ class TokenBatch:
 
     @property
     def lengths(self) -> np.ndarray:
-        return self.offsets[1:] - self.offsets[:-1]  # np.diff's Python wrapper costs 4x this on a short batch
+        lengths: np.ndarray = self.offsets[1:] - self.offsets[:-1]  # np.diff's Python wrapper costs 4x this
+        return lengths
 
     @property
     def tokens(self) -> int:

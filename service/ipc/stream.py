@@ -26,6 +26,9 @@ MAX_MESSAGE_BYTES = 1 << 31
 MAX_BUFFERS_PER_SEND = 512
 ENDPOINT_SCHEME = "ipc://"
 
+#: what a frame may be: bytes, or a view of an array or of what was received (no copy)
+Buffer = bytes | bytearray | memoryview
+
 
 def socket_path(endpoint: str) -> str:
     """The file path of an "ipc://<path>" endpoint."""
@@ -34,13 +37,13 @@ def socket_path(endpoint: str) -> str:
     return endpoint[len(ENDPOINT_SCHEME):]
 
 
-def encode(frames: Sequence) -> list:
+def encode(frames: Sequence[Buffer]) -> list[Buffer]:
     """One message's buffers as they go on the wire: its count and lengths, then the frames themselves (uncopied)."""
     lengths = [memoryview(frame).nbytes for frame in frames]
     return [struct.pack(f"<{len(lengths) + 1}I", len(lengths), *lengths), *frames]
 
 
-def unwritten(buffers: list, n: int) -> list:
+def unwritten(buffers: list[Buffer], n: int) -> list[Buffer]:
     """What is left of `buffers` after a write took their first `n` bytes."""
     for i, buffer in enumerate(buffers):
         size = memoryview(buffer).nbytes
@@ -110,7 +113,7 @@ class Reader:
             messages.append(frames)
         return messages
 
-    def feed(self, data) -> list[list[memoryview]]:
+    def feed(self, data: Buffer) -> list[list[memoryview]]:
         """The same for bytes already read (tests, the supervisor's probe)."""
         data = memoryview(data).cast("B")
         messages, at = [], 0
@@ -123,7 +126,7 @@ class Reader:
         return messages
 
 
-def ask(endpoint: str, frames: Sequence, timeout_s: float) -> list[memoryview] | None:
+def ask(endpoint: str, frames: Sequence[Buffer], timeout_s: float) -> list[memoryview] | None:
     """One message to the socket at `endpoint` and the first message back, blocking (the supervisor's probe of
     an engine it started): None where nothing listens there yet or no answer came within `timeout_s`."""
     deadline = time.monotonic() + timeout_s

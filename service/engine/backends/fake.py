@@ -77,7 +77,7 @@ class FakeBackend:
         second = {t for t, s in zip(ids, types) if s == 1} - {SEP}
         return len(first & second) - 1.0
 
-    def _vector(self, ids) -> np.ndarray:
+    def _vector(self, ids: np.ndarray) -> np.ndarray:
         rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
         return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class OnnxBackend:
         manifest = self.manifest
         return manifest.token_dimension if manifest.kind == EMBEDDING and TOKEN_OUTPUT in manifest.outputs else 0
 
-    def _variant_entry(self, variant: str) -> dict:
+    def _variant_entry(self, variant: str) -> dict[str, Any]:
         variants = self.manifest.variants or {"fp32": {"file": GRAPH_FILE, "sha256": self.manifest.onnx_sha256}}
         if variant not in variants:
             raise ValueError(f"the export {self.manifest.name} has no {variant} variant; it has {sorted(variants)} "
@@ -222,7 +223,8 @@ class OnnxBackend:
             raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
         return normalized[:n], raw[:n], tokens[:n]
 
-    def _run_cuda(self, feeds: dict[str, np.ndarray], options, outputs: list[str] | None = None) -> list[np.ndarray]:
+    def _run_cuda(self, feeds: dict[str, np.ndarray], options: Any,
+                  outputs: list[str] | None = None) -> list[np.ndarray]:
         # IO binding: inputs copied to the device once, outputs allocated there, no per-op host copies.
         binding = self.session.io_binding()
         for name, array in feeds.items():
