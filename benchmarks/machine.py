@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from service.engine.backends.cpu import cpu_flags, cpuinfo_field
+from service.engine.hardware import cpu_flags, cpuinfo_field
 
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
 

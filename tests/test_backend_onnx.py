@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from service.engine.backends import padded_length
-from service.engine.backends.cpu import cpu_flags, cpuinfo_field, physical_cores
 from service.engine.backends.onnx import OnnxBackend
+from service.engine.hardware import cpu_flags, cpuinfo_field, physical_cores
 
 
 @pytest.fixture(scope="module")

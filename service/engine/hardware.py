@@ -1,4 +1,5 @@
-"""What the CPU offers the backend: the cores to run on, its flags."""
+"""What this machine's CPU offers: the cores to run on (the onnx backend's thread count) and its feature flags (what
+the benchmarks report the machine by). Probing, not a backend: it lives beside the backends, not among them."""
 
 from __future__ import annotations
 
