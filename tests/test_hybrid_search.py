@@ -1,11 +1,13 @@
 """Hybrid search end to end (issue 41): `python -m service` with the real default model, a collection with a
 lexical index; an exact rare term that the dense ranking misses is found by lexical and hybrid search, and
-after kill -9 of the whole service the restarted one (the log's replay) answers every search as before."""
+after kill -9 of the whole service, in the middle of a stream of writes, the restarted one (the log's replay)
+answers every search as before and finds every acknowledged document by its words."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import httpx
@@ -85,8 +87,32 @@ def test_a_rare_term_dense_search_misses_is_found_lexically_and_survives_kill_9(
 
         before = answers()
         assert {i for i, _ in before[0][0]} == {"coffee", "spool"}  # the two tickets naming the part
+
+        # a writer streams documents into another lexical collection, each with a word of its own
+        assert c.post("/collections", json={"name": "stream", "lexical": True}).status_code == 201
+        acknowledged: list[str] = []
+        stop = threading.Event()
+
+        def writer() -> None:
+            with httpx.Client(base_url=service.url, timeout=30) as w:
+                n = 0
+                while not stop.is_set():
+                    batch = [{"id": f"d{n + j}", "text": f"note {n + j} mentions w{n + j}x only"} for j in range(3)]
+                    n += len(batch)
+                    try:
+                        reply = w.post("/collections/stream/documents", json={"documents": batch})
+                    except httpx.HTTPError:  # killed mid-request: unknown whether it was written
+                        return
+                    if reply.status_code == 200:
+                        acknowledged.extend(d["id"] for d in batch)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        wait_until(lambda: len(acknowledged) >= 30, 120, what="30 acknowledged documents")
         processes = [service.proc.pid, *children(service.proc.pid)]
         os.kill(service.proc.pid, signal.SIGKILL)  # the supervisor: its children die with it (PR_SET_PDEATHSIG)
+        stop.set()
+        thread.join(timeout=60)
         wait_until(lambda: all(gone(p) for p in processes), 60, what="every process of the killed service to end")
 
     with ServiceProcess(env, folder / "second.log") as service, \
@@ -95,3 +121,10 @@ def test_a_rare_term_dense_search_misses_is_found_lexically_and_survives_kill_9(
         assert info["lexical"] is True and info["count"] == len(TICKETS) - 1
         assert info["sequence"] == acked.json()["sequence"]  # every acknowledged write is back
         assert answers() == before
+        # every acknowledged document of the stream is found by its own word, lexically (k = 1: and first)
+        assert c.get("/collections/stream").json()["count"] >= len(acknowledged)
+        for start in range(0, len(acknowledged), 64):
+            part = acknowledged[start: start + 64]
+            reply = c.post("/collections/stream/search", json={"query": [f"w{i[1:]}x" for i in part], "k": 1,
+                                                               "mode": "lexical", "include": []})
+            assert [[h["id"] for h in row] for row in reply.json()["results"]] == [[i] for i in part]
