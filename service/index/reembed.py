@@ -1,7 +1,7 @@
 """Re-embed a collection from its stored texts with another model, then switch to it in one step.
 
 Used by POST /admin/collections/{name}/reembed, by a model reload with `reembed`, and from the
-command line while the service is stopped (service/engine/reembed.py).
+command line while the service is stopped (service/offline_reembed.py).
 """
 
 from __future__ import annotations

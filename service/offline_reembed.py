@@ -1,6 +1,7 @@
-"""Re-embed a stopped service's collections with another export, in this process:
+"""Re-embed a stopped service's collections with another export, in this process (an offline tool beside the
+service's processes: it loads the export itself, with no engine process and no API):
 
-    python -m service.engine.reembed --index-path data/index --model-dir models/new-export [--collection default]
+    python -m service.offline_reembed --index-path data/index --model-dir models/new-export [--collection default]
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from service.index.reembed import reembed
 
 
 def main(argv: list[str] | None = None) -> None:
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index-path", required=True, help="the stopped service's SEMBED_INDEX_PATH")
     parser.add_argument("--model-dir", required=True, help="the export to embed with")
