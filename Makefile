@@ -18,7 +18,7 @@ FROM ?=
 BASE ?=
 SELECT ?= stsb-dev
 
-.PHONY: serve test test-fast export venv wordnet lint eval train-export data bench bench-frontend bench-int8 bench-peers wrk \
+.PHONY: serve test test-fast export venv wordnet lint eval eval-hybrid train-export data bench bench-frontend bench-int8 bench-peers wrk \
 	bench-index mpnet \
 	venv-gpu gpu-check deploy-tools promtool
 
@@ -197,3 +197,9 @@ eval: venv $(BEIR_DIR)/stsb-retrieval/corpus.jsonl $(BEIR_DIR)/snli-retrieval/co
 	$(PY) -m evaluation.retrieval $(EVAL_SOURCE) --data $(BEIR_DIR)/stsb-retrieval --out $(EVAL_OUT)/retrieval-stsb.json
 	$(PY) -m evaluation.retrieval $(EVAL_SOURCE) --data $(BEIR_DIR)/snli-retrieval --out $(EVAL_OUT)/retrieval-snli.json
 	$(PY) -m evaluation.report results/*/*.json --out results/report
+
+# nDCG@10 of the index's search modes (dense, lexical BM25, hybrid) on each retrieval set, the service's own index in
+# process with the model's vectors (docs/hybrid-search.md)
+eval-hybrid: venv
+	$(PY) -m evaluation.hybrid --model $(if $(filter default,$(MODEL)),$(MODEL_DIR),$(MODEL)) --data-dir $(DATA) \
+	  --wordnet-dir $(WORDNET_DIR) --out results/hybrid.json
