@@ -255,7 +255,7 @@ def engine_round_trip_us(model_dir: Path, rows: tuple[int, ...], repeat: int) ->
     """Median µs of one embed of `rows` 14-token rows through a real engine process (the null backend, as
     the supervisor starts it) and SocketEngineClient, one request at a time, a pause between them (idle)."""
     from service.api.client import SocketEngineClient
-    from service.engine.server import run
+    from service.engine.socket_server import run
     from service.ipc.messages import TokenBatch
     from service.settings import Settings
 

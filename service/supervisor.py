@@ -79,10 +79,10 @@ def _logging() -> None:
 def engine_main(settings: Settings, export_dir: str, endpoint: str, title: str, error_file: str) -> None:
     _title(title)
     _logging()
-    from service.engine import server
+    from service.engine import socket_server
 
     try:
-        server.run(settings, export_dir, endpoint)
+        socket_server.run(settings, export_dir, endpoint)
     except Exception as e:  # a reload names the reason to its caller
         Path(error_file).write_text(f"{type(e).__name__}: {e}")
         raise

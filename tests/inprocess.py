@@ -11,7 +11,7 @@ from pathlib import Path
 
 from service.api.client import InProcessEngineClient
 from service.api.registry import ModelRegistry, ServedModel, retire
-from service.engine.server import load_engine
+from service.engine.socket_server import load_engine
 from service.settings import Settings
 
 

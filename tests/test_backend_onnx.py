@@ -231,7 +231,7 @@ def test_on_cuda_the_fp16_variant_is_chosen_when_the_export_has_one(default_expo
     import json
     import shutil
 
-    from service.engine.server import choose_variant
+    from service.engine.socket_server import choose_variant
     from service.settings import Settings
 
     assert choose_variant(Settings(model_dir=default_export), default_export) == "fp32"
@@ -251,7 +251,7 @@ def test_int8_asked_for_serves_the_exports_one_int8_graph_and_refuses_the_retire
 
     from pydantic import ValidationError
 
-    from service.engine.server import choose_variant
+    from service.engine.socket_server import choose_variant
     from service.manifest import StaleExport
     from service.settings import Settings
 

@@ -227,7 +227,7 @@ def test_zero_megabytes_is_off():
 @pytest.fixture(scope="module")
 def apps(default_export):
     """The default export served twice from one engine: through the cache, and without one."""
-    from service.engine.server import load_engine
+    from service.engine.socket_server import load_engine
 
     settings = Settings(model_dir=default_export)
     engine = load_engine(settings, default_export)

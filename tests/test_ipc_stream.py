@@ -14,7 +14,7 @@ import pytest
 from service.api.client import SocketEngineClient
 from service.engine.backends.fake import FakeBackend
 from service.engine.core import Engine, EngineConfig
-from service.engine.server import EngineServer
+from service.engine.socket_server import EngineServer
 from service.ipc.messages import (
     Embed,
     EngineUnavailable,
@@ -221,7 +221,7 @@ def test_a_wake_up_read_early_never_leaves_the_engine_asleep(endpoint, monkeypat
     on no finished job woke the I/O thread, and every answer waited for the next message (a heartbeat, 0.2 s)
     or the select timeout (0.1 s; here 60 s, and no heartbeat)."""
     import service.api.client as engine_client
-    import service.engine.server as engine_server
+    import service.engine.socket_server as engine_server
 
     monkeypatch.setattr(engine_server, "POLL_MS", 60_000)
     monkeypatch.setattr(engine_client, "HEARTBEAT_S", 30)  # its pings would wake the engine too
