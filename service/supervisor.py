@@ -104,7 +104,7 @@ def api_main(settings: Settings, topology: Topology, listener: socket.socket, nu
     # "The server's own CPU").
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from service.api.app import create_app
-    from service.api.server import build_server
+    from service.api.http_server import build_server
     from service.process import settle_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides

@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None, registry: ModelRegistry | None 
 
             grpc = app.state.grpc = await GrpcServer.start(reg, settings, keys, __version__)
         yield
-        if grpc is not None:  # begun with HTTP's drain (service/api/server.py); finished before the engines go
+        if grpc is not None:  # begun with HTTP's drain (service/api/http_server.py); finished before the engines go
             await grpc.stop(settings.shutdown_grace_s)
         await reg.close()
         await run_in_threadpool(app.state.index.close)
