@@ -210,7 +210,7 @@ class LiveServer:
         import threading
 
         from service.api.app import create_app
-        from service.api.server import build_server
+        from service.api.http_server import build_server
         from tests.inprocess import InProcessLoader, registry_from_settings
 
         port = free_port()
