@@ -286,7 +286,7 @@ def plain_layer_norms(model) -> int:
     its first output is read; how many. The same values, on kernels that are faster and spread over the threads:
 
     - onnxruntime 1.31's CPU SkipLayerNormalization is slower than Sub + LayerNormalization
-      (`python -m benchmarks.ops` measures both);
+      (`python -m benchmarks.onnx_ops` measures both);
     - but onnxruntime fuses Add + LayerNormalization back into it when it loads the graph, and Sum, which it does
       not fuse, runs on one thread whatever the session's count;
     - so where the input is an int8 GEMM's product (`_integer_matmul`), that GEMM's weights and bias are negated
@@ -344,7 +344,7 @@ def plain_layer_norms(model) -> int:
 def plain_gelu(model) -> int:
     """Each com.microsoft BiasGelu as its bias added and a com.microsoft FastGelu (GELU's tanh approximation, whose
     difference from the erf GELU is far under int8's own error); how many. onnxruntime 1.31's CPU BiasGelu is
-    slower than Sum + Gelu, and FastGelu faster than Gelu (`python -m benchmarks.ops` measures them).
+    slower than Sum + Gelu, and FastGelu faster than Gelu (`python -m benchmarks.onnx_ops` measures them).
     The bias goes into the int8 GEMM before it where there is one (an Add after its output scale, which
     onnxruntime folds into DynamicQuantizeMatMul: one pass over the tensor less); elsewhere a Sum, as in
     `plain_layer_norms`: onnxruntime fuses Add + Gelu back into BiasGelu."""

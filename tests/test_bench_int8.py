@@ -94,7 +94,7 @@ def test_the_op_bench_times_every_case_and_the_fusion_it_names_happens():
     import onnx
     import onnxruntime as ort
 
-    from benchmarks import ops
+    from benchmarks import onnx_ops as ops
 
     times = ops.time_ops(threads=1, runs=1)
     assert set(times) == set(ops.graphs()) and all(t > 0 for t in times.values())

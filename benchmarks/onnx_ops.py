@@ -6,7 +6,7 @@ onnxruntime's own optimisations apply as when it loads an export (Add + LayerNor
 SkipLayerNormalization), except in the case that turns that fusion off. RESULTS.md (its int8 section) cites what
 this printed.
 
-    python -m benchmarks.ops [--threads 1,2] [--runs 30]
+    python -m benchmarks.onnx_ops [--threads 1,2] [--runs 30]
 """
 
 from __future__ import annotations
