@@ -449,12 +449,17 @@ class MilvusIndex:
             index_type, build = "IVF_PQ", {"nlist": kind.nlist, "m": kind.pq_m, "nbits": 8}
         else:  # IVF<n>,SQ8, and IVF<n>,PQ<m> where PQ is missing (Milvus Lite)
             index_type, build = "IVF_SQ8", {"nlist": kind.nlist}
-        param = IndexParam("vector", index_type, "vector", metric_type="IP", params=build)
-        if self._lite and build:
-            # pymilvus 3 sends build parameters as flat key-value pairs; Milvus Lite 3.2 reads only the
-            # older JSON "params" pair and would silently build with its defaults (nlist 128, M 16)
-            param._configs["params"] = dict(build)
-        return IndexParams([param])
+        class LiteIndexParam(IndexParam):
+            """pymilvus 3 sends build parameters as flat key-value pairs; Milvus Lite 3.2 reads only the older JSON
+            "params" pair and would silently build with its defaults (nlist 128, M 16): this one sends both (its
+            own configs: pymilvus has no public way to add the pair)."""
+
+            def __init__(self, *args: Any, **kwargs: Any):
+                super().__init__(*args, **kwargs)
+                self._configs["params"] = dict(build)
+
+        kind_of_param = LiteIndexParam if self._lite and build else IndexParam
+        return IndexParams([kind_of_param("vector", index_type, "vector", metric_type="IP", params=build)])
 
     def _create_physical(self, spec: CollectionSpec, sequence: int) -> str:
         from pymilvus import DataType, MilvusClient
