@@ -206,8 +206,8 @@ def test_reload_with_reembed_keeps_search_answering(tmp_path):
 
 def test_reembed_command_line(tmp_path, default_export):
     """The offline command re-embeds a stopped service's index with a real export."""
-    from service.offline_reembed import main
     from service.index import CollectionSpec, Document, LocalIndex, ModelStamp, SearchParams
+    from service.offline_reembed import main
 
     index = LocalIndex(tmp_path / "index")
     index.create_collection(CollectionSpec("default", 384, "Flat", ModelStamp("old", "00" * 32)))
