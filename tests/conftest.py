@@ -26,9 +26,9 @@ _REPO_DATA_EXISTED = (REPO / "data").exists()
 #: the end-to-end modules (`make test-fast` leaves them out, `make test` runs them): a live `python -m service`
 #: process or the image's entrypoint, a training run, the deployment tools, a benchmark, the real
 #: all-mpnet-base-v2, `make` itself
-E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_bench_peers", "test_cache_live", "test_clients",
-               "test_cohere", "test_datasets", "test_deploy", "test_distributed", "test_families", "test_grpc",
-               "test_hybrid_search", "test_index_durability", "test_mpnet", "test_mteb", "test_processes",
+E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_bench_peers", "test_cache_live", "test_chunking_live",
+               "test_clients", "test_cohere", "test_datasets", "test_deploy", "test_distributed", "test_families",
+               "test_grpc", "test_hybrid_search", "test_index_durability", "test_mpnet", "test_mteb", "test_processes",
                "test_readme", "test_resume", "test_sparse_service", "test_train_smoke"}
 
 

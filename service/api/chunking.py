@@ -3,6 +3,7 @@ the model's own tokenizer (service/chunking.py), in the API process."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -64,7 +65,7 @@ async def split(served: ServedModel, texts: list[str], chosen: chunking.ChunkOpt
     return await run_in_threadpool(cut)
 
 
-def check_total(spans: list[Spans | None], limit: int, field: str) -> int:
+def check_total(spans: Sequence[Spans | None], limit: int, field: str) -> int:
     """The chunks of the whole request (a text not cut counts one) against max_request_chunks: over it, the
     request is refused before anything is embedded or written, naming the input where it went over."""
     total = 0

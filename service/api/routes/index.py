@@ -148,8 +148,8 @@ async def _documents(request: Request, collection: str, req: schemas.AddDocument
             embedder = _embedder_for(request, collection, info)
             chosen = chunks.options(embedder, asked, config)
             found = await chunks.split(embedder, [cast(str, docs[i].text) for i in cut], chosen)
-            for i, doc_spans in zip(cut, found):
-                spans[i] = doc_spans if len(doc_spans) > 1 else None  # a text that fits: one chunk, as always
+            for i, cut_spans in zip(cut, found):
+                spans[i] = cut_spans if len(cut_spans) > 1 else None  # a text that fits: one chunk, as always
     chunks.check_total(spans, config.max_request_chunks, "documents")
     texts: list[str | None] = []
     given: list = []
