@@ -5,7 +5,7 @@
 - one short text through the API process's tokeniser (service.tokenization.Tokenizer, the export's);
 - pyzmq: one round trip over inproc, per frame, for 4 and 64 frames (why a token batch is one buffer);
 - a bundle of 16 single-text answers (header + one 384-float vector each), framed as the engine's socket carries
-  it and taken apart: the buffers joined in one frame (`service.ipc.messages.bundle`) against a frame each;
+  it and taken apart: the buffers joined in one frame (`service.ipc.messages.bundle_replies`) against a frame each;
 - a task per request waiting on an ASGI receive(), created and cancelled (what the disconnect hook replaced);
 - glibc malloc: minor page faults and time per request of allocating, filling and freeing a 256-text request's
   two vector arrays, with the C library's defaults and with `service.process.keep_freed_memory` (a fresh
@@ -98,7 +98,7 @@ def zmq_round_trip_us(frames: int, repeat: int) -> float:
 
 def bundle_round_trip_us(repeat: int, answers: int = 16) -> tuple[float, float]:
     """µs to bundle `answers` single-text answers, frame them for the engine's socket, take them out of the byte
-    stream and unbundle them (the socket itself left out): (joined, a frame each)."""
+    stream and decode them (the socket itself left out): (joined, a frame each)."""
     from service.ipc import messages
     from service.ipc.stream import Reader, encode
 
