@@ -207,3 +207,25 @@ def test_a_log_written_before_chunking_replays(tmp_path):
     reopened.close()
     lines = [json.loads(line) for line in next((tmp_path / "snapshots").iterdir()).joinpath("0.docs.jsonl").open()]
     assert lines == [["a", "old text", {"x": 1}], ["b", "other", {}]]  # unchunked documents keep that format
+
+
+def test_re_embedding_embeds_each_chunk_again_at_its_span():
+    from service.index import ModelStamp
+    from service.index.reembed import reembed
+
+    rng = np.random.default_rng(5)
+    index = LocalIndex(None)
+    index.create_collection(CollectionSpec("c", 8, model=ModelStamp("old", "1")))
+    long = _chunked("a", 4)
+    index.upsert("c", [long, Document("b", "short")], _unit(rng, 5))
+    embedded: list[str] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        embedded.extend(texts)
+        return _unit(rng, len(texts))
+
+    assert reembed(index, "c", ModelStamp("new", "2"), 8, embed).total == 2
+    assert embedded == [long.text[a:b] for a, b in long.spans()] + ["short"]
+    hits = index.search("c", _unit(rng, 1), SearchParams(k=2, with_chunks=True))[0]
+    assert sorted((h.id, len(h.chunks)) for h in hits) == [("a", 4), ("b", 1)]
+    assert index.info("c").model == ModelStamp("new", "2")
