@@ -19,7 +19,7 @@ BASE ?=
 SELECT ?= stsb-dev
 
 .PHONY: serve test test-fast export venv wordnet lint eval eval-hybrid train-export data bench bench-frontend bench-int8 bench-peers wrk \
-	bench-index mpnet \
+	bench-index mpnet eval-long-documents \
 	venv-gpu gpu-check deploy-tools promtool
 
 # One environment for everything: the service itself never imports torch, but exporting does.
@@ -203,3 +203,9 @@ eval: venv $(BEIR_DIR)/stsb-retrieval/corpus.jsonl $(BEIR_DIR)/snli-retrieval/co
 eval-hybrid: venv
 	$(PY) -m evaluation.hybrid --model $(if $(filter default,$(MODEL)),$(MODEL_DIR),$(MODEL)) --data-dir $(DATA) \
 	  --wordnet-dir $(WORDNET_DIR) --out results/hybrid.json
+
+# nDCG@10 on long documents whose relevant passage lies past the first 256 tokens: chunking against truncation
+# (docs/long-documents.md); DATA must hold senteval/ and corpus/wordnet-sentences.txt (as /work/shared/data does)
+eval-long-documents: venv
+	$(PY) -m evaluation.long_documents --model $(if $(filter default,$(MODEL)),$(MODEL_DIR),$(MODEL)) \
+	  --data-dir $(DATA) --size 128 --out results/long-documents.json

@@ -1,7 +1,8 @@
 """nDCG@10 on long documents whose relevant passage lies past the model's first 256 tokens: chunking against
 truncation (issue 41, point 1).
 
-    python -m evaluation.long_documents --model models/all-MiniLM-L6-v2 --data-dir /work/shared/data
+    python -m evaluation.long_documents --model models/all-MiniLM-L6-v2 --data-dir /work/shared/data --size 128
+    make eval-long-documents DATA=/work/shared/data
 
 The set (built here, from --data-dir): each query is the first sentence of an STS-B test pair scored at least
 --min-score (a paraphrase pair); its one relevant document is a long text of WordNet sentences
@@ -49,6 +50,9 @@ def build(data_dir: Path, tokenizer: Tokenizer, queries: int, skip: int, tail: i
     pairs = list(dict.fromkeys((a, b) for a, b in pairs if a != b))
     rng.shuffle(pairs)
     pairs = pairs[:queries]
+    if not (data_dir / WORDNET).is_file():
+        raise SystemExit(f"error: {data_dir / WORDNET} not found: --data-dir must hold {WORDNET} (the shared data "
+                         "folder does) beside senteval/")
     filler = iter((data_dir / WORDNET).read_text(encoding="utf-8").splitlines())
 
     def count(text: str) -> int:
