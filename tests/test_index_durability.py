@@ -649,6 +649,13 @@ for line in sys.stdin:
 """
 
 
+def text_of(doc_id: str) -> str:
+    """Every fourth document is long: over the fake model's window of 30 words, so several chunks (issue 41)."""
+    if int(doc_id.rsplit("-", 1)[1]) % 4:
+        return f"text of {doc_id}"
+    return " ".join(f"{doc_id} says part {i} of its long text." for i in range(12))
+
+
 def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -683,7 +690,7 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
                         else:
                             acked[t][doc_id] = text
                         continue
-                    docs = [{"id": f"w{t}-{n + j}", "text": f"text of w{t} {n + j}", "metadata": {"t": t}}
+                    docs = [{"id": f"w{t}-{n + j}", "text": text_of(f"w{t}-{n + j}"), "metadata": {"t": t}}
                             for j in range(wrng.randint(1, 5))]
                     n += len(docs)
                     reply = client.post("/index/documents", json={"documents": docs})
@@ -770,6 +777,16 @@ def test_kill_9_during_concurrent_writes_loses_no_acknowledged_document(tmp_path
             assert not lost, f"{len(lost)} acknowledged documents lost after {kills} kills: {lost[:10]}"
             assert {i: found[i] for i in want} == want
             assert not gone & set(found), f"acknowledged deletes undone: {sorted(gone & set(found))[:10]}"
+            # a long document is back with every chunk: the last one (past the window) finds it at its span
+            with httpx.Client(base_url=url, timeout=30) as client:
+                long_ids = [i for i in sorted(want) if len(want[i].split()) > 30][:25]
+                assert len(long_ids) >= 10, f"too few long documents written: {len(long_ids)}"
+                for doc_id in long_ids:
+                    chunks = client.post("/embed", json={"inputs": want[doc_id], "chunking": True}).json()[0]
+                    assert len(chunks) > 1
+                    tail = want[doc_id][chunks[-1]["start"]: chunks[-1]["end"]]
+                    hit = client.post("/search", json={"query": tail, "k": 1}).json()["results"][0][0]
+                    assert (hit["id"], hit["start"], hit["end"]) == (doc_id, chunks[-1]["start"], chunks[-1]["end"])
         finally:
             final.send_signal(signal.SIGKILL)
             final.wait(timeout=30)
