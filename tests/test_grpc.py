@@ -336,6 +336,59 @@ def test_embed_sparse_and_embed_all_and_their_streams_answer_as_http(live, chann
     assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT, empty.details()
 
 
+def test_embed_calls_at_once_share_engine_requests_each_with_its_own_answer(live, channel):
+    """Single Embed calls that arrive while their process has Embed calls at the engine go to it together (fewer
+    engine requests than calls, at most max_client_batch_size a request), and each keeps its own answer: its vector,
+    its own tokens and characters, and its own refusal where it is refused (the others of its batch answered)."""
+    stub = rpc.EmbedStub(channel)
+    # more than a batch, but never more at the engine than it holds here (SEMBED_MAX_QUEUED_INPUTS=40): one call
+    # alone, then a full batch, then the rest
+    texts = [f"{TEXTS[i % 3]}{' and then some more' * (i % 5)}" for i in range(MAX_BATCH + MAX_BATCH // 2)]
+    chunks = [texts[i:i + MAX_BATCH] for i in range(0, len(texts), MAX_BATCH)]
+    expected = np.concatenate([np.asarray(http(live, "/embed", {"inputs": c}), dtype=np.float32) for c in chunks])
+    tokens = [len(row) for c in chunks for row in http(live, "/tokenize", {"inputs": c})]
+    assert len(set(tokens)) > 1  # the texts differ in length: a batch total in place of its own would show
+
+    def engine_requests() -> float:  # each request an API process sends its engine is tokenised once
+        lines = httpx.get(f"{live.url}/metrics").text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines
+                   if line.startswith("sembed_tokenization_duration_seconds_count"))
+
+    before = engine_requests()
+    futures = [stub.Embed.future(pb.EmbedRequest(inputs=t)) for t in texts]
+    answers = [f.result(timeout=120) for f in futures]
+    assert 1 <= engine_requests() - before < len(texts)
+    for answer, vector, n, text in zip(answers, expected, tokens, texts, strict=True):
+        assert np.array_equal(np.asarray(answer.embeddings, dtype=np.float32), vector)
+        assert (answer.metadata.compute_tokens, answer.metadata.compute_chars) == (n, len(text))
+    # a stream's messages likewise carry their own tokens
+    streamed = list(stub.EmbedStream(iter([pb.EmbedRequest(inputs=t) for t in chunks[0]])))
+    assert [r.metadata.compute_tokens for r in streamed] == tokens[:MAX_BATCH]
+    # bad calls among good ones: each bad one refused as it would be alone, the good ones answered
+    calls = [pb.EmbedRequest(inputs="" if i % 8 == 3 else LONG if i % 8 == 5 else text) for i, text in enumerate(texts)]
+    futures = [stub.Embed.future(c) for c in calls]
+    for i, future in enumerate(futures):
+        if i % 8 in (3, 5):
+            error = refused(future.result, timeout=120)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert ("inputs[0] is empty" if i % 8 == 3 else "256") in error.details(), error.details()
+        else:
+            assert np.array_equal(np.asarray(future.result(timeout=120).embeddings, dtype=np.float32), expected[i])
+
+
+def test_an_embed_response_is_written_as_protobuf_writes_it():
+    """EmbedResponse's bytes built from a float32 row (server.embed_response) are protobuf's own, for any length."""
+    from service.api.grpc.server import embed_response
+
+    rows = np.random.default_rng(0).standard_normal((2, 4096)).astype(np.float32)
+    for metadata in (pb.Metadata(), pb.Metadata(compute_chars=7, compute_tokens=300, total_time_ns=2 ** 40)):
+        for row in (rows[0, :1], rows[0, :31], rows[0, :32], rows[1, :384], rows[1, 100:868], rows[1]):
+            wire = embed_response(row, metadata.SerializeToString())
+            assert wire == pb.EmbedResponse(embeddings=row.tolist(), metadata=metadata).SerializeToString()
+            back = pb.EmbedResponse.FromString(wire)
+            assert np.array_equal(np.asarray(back.embeddings, dtype=np.float32), row) and back.metadata == metadata
+
+
 # --- bad input, limits, load ----------------------------------------------------------------------------------
 def test_bad_input_is_invalid_argument_naming_the_problem(live, channel):
     stub = rpc.EmbedStub(channel)

@@ -105,7 +105,8 @@ class VectorCache:
         if not missing:
             hits = cast(list[Entry], found)  # every text hit
             vectors = np.frombuffer(bytearray(b"".join(e.row for e in hits)), dtype=np.float32).reshape(len(texts), -1)
-            return EmbedResult(vectors, sum(e.tokens for e in hits), 0.0, 0.0)
+            tokens = [e.tokens for e in hits]
+            return EmbedResult(vectors, sum(tokens), 0.0, 0.0, row_tokens=np.array(tokens, dtype=np.int64))
         result, lengths = await embed_missing(list(missing), list(missing.values()))
         tokens = lengths.tolist()
         rows = self._store(scope, list(missing), result.vectors, tokens)
@@ -114,8 +115,9 @@ class VectorCache:
         fresh = {text: (row, n) for text, row, n in zip(missing, rows, tokens)}
         parts = [(entry.row, entry.tokens) if entry is not None else fresh[text] for text, entry in zip(texts, found)]
         vectors = np.frombuffer(bytearray(b"".join(p[0] for p in parts)), dtype=np.float32).reshape(len(texts), -1)
-        return EmbedResult(vectors, sum(p[1] for p in parts), result.queue_s, result.inference_s,
-                           result.tokenization_s)
+        counts = [p[1] for p in parts]
+        return EmbedResult(vectors, sum(counts), result.queue_s, result.inference_s, result.tokenization_s,
+                           row_tokens=np.array(counts, dtype=np.int64))
 
     def _store(self, scope: Scope, texts: list[str], vectors: np.ndarray, tokens: list[int]) -> list[bytes]:
         """Keep each text's row (evicting the least recently used past the bound); the rows, in order."""

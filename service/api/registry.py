@@ -289,6 +289,7 @@ class ServedModel:
         self.metrics.input_tokens.observe_all(batch.lengths)
         result = await self.client.embed(batch, normalize=normalize, timeout_s=timeout_s)
         result.tokenization_s = tokenization_s
+        result.row_tokens = batch.lengths
         return result
 
 

@@ -167,6 +167,7 @@ class EmbedResult:
     queue_s: float
     inference_s: float
     tokenization_s: float = 0.0  # filled in by the API process, which tokenised
+    row_tokens: np.ndarray | None = None  # each row's tokens, where the API process tokenised or cached them
 
 
 # --- failures --------------------------------------------------------------------------------------

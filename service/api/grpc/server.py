@@ -12,8 +12,9 @@ API process's event loop, beside HTTP: the same models (`registry`), the same ro
 - A message over max_request_bytes is refused by grpcio itself (RESOURCE_EXHAUSTED); a stream is held to what
   one HTTP request may carry: max_client_batch_size messages (more: INVALID_ARGUMENT) and max_request_bytes in
   all (more: RESOURCE_EXHAUSTED). A stream's messages run concurrently, as TEI runs them, and are answered in
-  order (EmbedStream's as groups: those that arrived together, one /embed request); the first one refused ends
-  the stream with its status, after the answers before it.
+  order; the first one refused ends the stream with its status, after the answers before it.
+- Embed's messages, single calls' and streams' alike, go to the engine in batches (TeiService._submit): those
+  that arrive while the process has one at the model's engine go together as the next, one /embed request.
 - `truncate` is the proto's plain bool, as TEI reads it: false (the default) refuses an input over the model's
   length (INVALID_ARGUMENT) whatever SEMBED_AUTO_TRUNCATE says.
 """
@@ -24,9 +25,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -60,8 +61,8 @@ _MODEL_TYPES: dict[str, pb.ModelType] = {"reranker": pb.MODEL_TYPE_RERANKER, "cl
                 "embedding": pb.MODEL_TYPE_EMBEDDING}
 
 M = TypeVar("M", bound=Message)
-Answer = Callable[[ServedModel, Any], Awaitable[Message]]
-Together = Callable[[ServedModel, list[Any]], Awaitable[Sequence[Message]]]
+Answer = Callable[[ServedModel, Any], Awaitable[Message | bytes]]
+Submit = Callable[[ServedModel, Any], "asyncio.Future[bytes]"]
 
 
 def status_code(error: ApiError) -> grpc.StatusCode:
@@ -91,8 +92,8 @@ def _optional(message: Message, field: str) -> Any:
     return getattr(message, field) if message.HasField(field) else None
 
 
-def _metadata(chars: int, result: EmbedResult, start: float) -> pb.Metadata:
-    return pb.Metadata(compute_chars=chars, compute_tokens=result.prompt_tokens,
+def _metadata(chars: int, result: EmbedResult, start: float, tokens: int | None = None) -> pb.Metadata:
+    return pb.Metadata(compute_chars=chars, compute_tokens=result.prompt_tokens if tokens is None else tokens,
                        total_time_ns=int((time.perf_counter() - start) * 1e9),
                        tokenization_time_ns=int(result.tokenization_s * 1e9), queue_time_ns=int(result.queue_s * 1e9),
                        inference_time_ns=int(result.inference_s * 1e9))
@@ -104,8 +105,37 @@ class _Call:
     status: int = 200  # the HTTP status its answer stands for, in the request metrics
 
 
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
+def _serialize(message: Message | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def embed_response(vector: np.ndarray, metadata: bytes) -> bytes:
+    """An EmbedResponse on the wire, from a vector and its serialised Metadata. tei.proto's `repeated float
+    embeddings = 1` is packed: a length, then the floats little-endian, back to back, which is the float32 row's
+    own bytes; building the message instead makes a Python float of every element and converts it back, the
+    costliest step of a call. `metadata = 2` follows as a length-delimited message."""
+    floats = vector.astype("<f4", copy=False).tobytes()
+    embeddings = b"\x0a" + _varint(len(floats)) + floats if floats else b""  # proto3 leaves an empty field out
+    return embeddings + b"\x12" + _varint(len(metadata)) + metadata
+
+
+class _Lane:
+    """One model's single Embed calls on their way to its engine (TeiService.embed)."""
+
+    __slots__ = ("in_flight", "waiting")
+
+    def __init__(self) -> None:
+        self.in_flight = 0  # batches at the engine
+        self.waiting: list[tuple[pb.EmbedRequest, float, asyncio.Future]] = []  # (request, its start, its answer)
 
 
 class TeiService:
@@ -118,13 +148,15 @@ class TeiService:
         self.keys = keys
         self.version = version
         self.max_batch = settings.max_client_batch_size
+        self._lanes: dict[int, _Lane] = {}  # by id() of the ServedModel
+        self._batches: set[asyncio.Future] = set()  # batches of waiting calls being answered
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
-        # service → rpc → (its request message, the answer to one, for a stream: how several are answered together)
+        # service → rpc → (its request message, the answer to one; for a stream: how a message joins a batch, if so)
         services: dict[str, dict[str, tuple]] = {
             "Info": {"Info": (pb.InfoRequest, self.info)},
             "Embed": {"Embed": (pb.EmbedRequest, self.embed),
-                      "EmbedStream": (pb.EmbedRequest, self.embed, self.embed_together),
+                      "EmbedStream": (pb.EmbedRequest, self.embed, self._submit),
                       "EmbedSparse": (pb.EmbedSparseRequest, self.embed_sparse),
                       "EmbedSparseStream": (pb.EmbedSparseRequest, self.embed_sparse, None),
                       "EmbedAll": (pb.EmbedAllRequest, self.embed_all),
@@ -188,7 +220,7 @@ class TeiService:
         await context.abort(status_code(error), error.message, tuple(retry))
 
     def _unary(self, route: str, kind: type[Message], answer: Answer) -> grpc.RpcMethodHandler:
-        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Message | bytes:
             with self._counted(route) as counted:
                 try:
                     served = self._model(context, route)
@@ -200,26 +232,27 @@ class TeiService:
         return grpc.unary_unary_rpc_method_handler(call, response_serializer=_serialize)
 
     def _stream(self, route: str, kind: type[Message], answer: Answer,
-                together: Together | None = None) -> grpc.RpcMethodHandler:
-        """A stream's messages answered in order. With `together`, the messages that arrived while the stream's last
-        group was being answered are answered as one group (one request to the engine: a client that streams a
-        batch, as tei-client does, costs what one HTTP request of it costs, not a request per text)."""
-        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+                submit: Submit | None = None) -> grpc.RpcMethodHandler:
+        """A stream's messages answered in order, each started as it arrives: a task each, or with `submit` handed
+        to the batches that carry the process's other calls to the model (no task of its own; a client that streams
+        a batch, as tei-client does, costs the engine a few requests, not one per text). The first refused ends the
+        stream with its status, after the answers before it. Read and written with the context's read() and
+        write(): an async generator on either side costs a message more."""
+        async def call(_: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
-            tasks: set[asyncio.Future] = set()  # this stream's reader and group tasks
+            reader: asyncio.Future | None = None
             try:
                 with self._counted(route) as counted:
                     try:
                         served = self._model(context, route)
-                        tasks.add(asyncio.ensure_future(self._read(requests, kind, served, answer, together, queue,
-                                                                   tasks)))
+                        reader = asyncio.ensure_future(self._read(context, kind, served, answer, submit, queue))
                         while (item := await queue.get()) is not None:
-                            yield await item
+                            await context.write(await item)
                     except Exception as e:
                         await self._abort(context, e, counted)
             finally:
-                for task in tasks:
-                    task.cancel()
+                if reader is not None:
+                    reader.cancel()
                 while not queue.empty():  # the answers nobody will read
                     left = queue.get_nowait()
                     if left is not None:
@@ -229,60 +262,33 @@ class TeiService:
 
         return grpc.stream_stream_rpc_method_handler(call, response_serializer=_serialize)
 
-    async def _read(self, requests: AsyncIterator[bytes], kind: type[Message], served: ServedModel, answer: Answer,
-                    together: Together | None, queue: asyncio.Queue[asyncio.Future | None],
-                    tasks: set[asyncio.Future]) -> None:
-        """Each message of a stream, started as it arrives (alone, or in the next group); a refusal ends the stream
-        where it stands."""
-        loop = asyncio.get_running_loop()
-        waiting: list[tuple[Message, asyncio.Future]] = []
-        group: asyncio.Future | None = None
-
-        async def answer_groups() -> None:
-            while waiting:
-                taken = waiting[:]
-                waiting.clear()
-                await self._answer_group(served, answer, cast(Together, together), taken)
-
+    async def _read(self, context: grpc.aio.ServicerContext, kind: type[Message], served: ServedModel,
+                    answer: Answer, submit: Submit | None, queue: asyncio.Queue[asyncio.Future | None]) -> None:
+        """Each message of a stream, started as it arrives; a refusal ends the stream where it stands."""
+        n = size = 0
         try:
-            async for parsed in self._messages(requests, kind):
-                if together is None:
-                    queue.put_nowait(asyncio.ensure_future(answer(served, parsed)))
-                    continue
-                future = loop.create_future()
-                waiting.append((parsed, future))
-                queue.put_nowait(future)
-                if group is None or group.done():
-                    group = asyncio.ensure_future(answer_groups())
-                    tasks.add(group)
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                n += 1
+                size += len(raw)
+                self._within_limits(n, size)
+                parsed = _parse(kind, raw)
+                queue.put_nowait(submit(served, parsed) if submit is not None else
+                                 asyncio.ensure_future(answer(served, parsed)))
         except Exception as e:
-            failed = loop.create_future()
+            failed = asyncio.get_running_loop().create_future()
             failed.set_exception(e)
             queue.put_nowait(failed)
         else:
             queue.put_nowait(None)
 
-    @staticmethod
-    async def _answer_group(served: ServedModel, answer: Answer, together: Together,
-                            taken: list[tuple[Message, asyncio.Future]]) -> None:
-        try:
-            answers = await together(served, [message for message, _ in taken])
-        except Exception:
-            # one of them is refused: each answered alone, so the ones before it get their answers, as they would
-            # have one by one, and the stream ends at the refused one
-            for message, future in taken:
-                try:
-                    result = await answer(served, message)
-                except Exception as e:
-                    if not future.done():
-                        future.set_exception(e)
-                else:
-                    if not future.done():
-                        future.set_result(result)
-            return
-        for (_, future), result in zip(taken, answers, strict=True):
-            if not future.done():
-                future.set_result(result)
+    def _within_limits(self, n: int, size: int) -> None:
+        """A stream of `n` messages, `size` bytes so far, held to one HTTP request's limits."""
+        if n > self.max_batch:
+            raise ApiError(422, f"more than {self.max_batch} messages in one stream; the limit "
+                                "(max_client_batch_size) is one request's: open another stream", "Validation")
+        if size > self.settings.max_request_bytes:
+            raise ApiError(413, f"the stream's messages are over {self.settings.max_request_bytes} bytes in all "
+                                "(max_request_bytes, one request's): open another stream", "Validation")
 
     async def _messages(self, requests: AsyncIterator[bytes], kind: type[M]) -> AsyncIterator[M]:
         """A stream's messages, parsed, held to one HTTP request's limits."""
@@ -290,12 +296,7 @@ class TeiService:
         async for raw in requests:
             n += 1
             size += len(raw)
-            if n > self.max_batch:
-                raise ApiError(422, f"more than {self.max_batch} messages in one stream; the limit "
-                                    "(max_client_batch_size) is one request's: open another stream", "Validation")
-            if size > self.settings.max_request_bytes:
-                raise ApiError(413, f"the stream's messages are over {self.settings.max_request_bytes} bytes in all "
-                                    "(max_request_bytes, one request's): open another stream", "Validation")
+            self._within_limits(n, size)
             yield _parse(kind, raw)
 
     # --- the services -----------------------------------------------------------------------------------------
@@ -313,12 +314,83 @@ class TeiService:
                                max_client_batch_size=fields["max_client_batch_size"],
                                tokenization_workers=fields["tokenization_workers"])
 
-    async def embed(self, served: ServedModel, r: pb.EmbedRequest) -> pb.EmbedResponse:
-        return (await self.embed_together(served, [r]))[0]
+    async def embed(self, served: ServedModel, r: pb.EmbedRequest) -> bytes:
+        return await self._submit(served, r)
 
-    async def embed_together(self, served: ServedModel, requests: list[pb.EmbedRequest]) -> list[pb.EmbedResponse]:
-        """Several Embed messages (a stream's), one /embed request for each set of options among them. Each answer
-        carries its request's metadata: one message's alone, or its group's tokens and times."""
+    def _submit(self, served: ServedModel, r: pb.EmbedRequest) -> asyncio.Future[bytes]:
+        """An Embed message's answer to come (a single call's, or a stream's). It goes to the engine at once where none
+        of this process's Embed messages to the model are there (an idle server adds no wait); else it waits with
+        the others that come meanwhile, and they go together once what is there is answered (a full batch,
+        max_client_batch_size messages, at once): one /embed request per set of options, each answered with its own
+        tokens. grpcio starts a process's calls, and reads a stream's messages, a few loop turns apart, so unlike
+        HTTP's requests they would never share an engine message: alone, each costs the engine a pass and both
+        processes a message."""
+        lane = self._lanes.get(id(served))
+        if lane is None:
+            lane = self._lanes[id(served)] = _Lane()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        lane.waiting.append((r, time.perf_counter(), future))
+        if not lane.in_flight or len(lane.waiting) >= self.max_batch:
+            self._send(served, lane)
+        return future
+
+    def _send(self, served: ServedModel, lane: _Lane) -> None:
+        """The messages that wait, max_client_batch_size at most (what one HTTP request may carry), as a batch."""
+        taken, lane.waiting = lane.waiting[:self.max_batch], lane.waiting[self.max_batch:]
+        lane.in_flight += 1
+        batch = asyncio.ensure_future(self._batch(served, lane, taken))
+        self._batches.add(batch)
+        batch.add_done_callback(self._batches.discard)
+
+    def _done(self, served: ServedModel, lane: _Lane) -> None:
+        """A batch of the lane is answered: those that wait go, once none is left at the engine."""
+        lane.in_flight -= 1
+        if lane.waiting and not lane.in_flight:
+            self._send(served, lane)
+        elif not (lane.in_flight or lane.waiting):
+            self._lanes.pop(id(served), None)
+
+    async def _batch(self, served: ServedModel, lane: _Lane,
+                     taken: list[tuple[pb.EmbedRequest, float, asyncio.Future]]) -> None:
+        taken = [call for call in taken if not call[2].done()]  # not the calls whose clients left
+        try:
+            if taken:
+                await self._answer_batch(served, taken)
+        except BaseException as e:  # a fault here, or the loop ends: no call waits on for an answer
+            for _, _, future in taken:
+                if future.done():
+                    continue
+                if isinstance(e, Exception):
+                    future.set_exception(e)
+                else:
+                    future.cancel()
+            raise
+        finally:
+            self._done(served, lane)
+
+    async def _answer_batch(self, served: ServedModel, taken: list[tuple[pb.EmbedRequest, float, asyncio.Future]]):
+        try:
+            answers = await self.embed_together(served, [r for r, _, _ in taken], [start for _, start, _ in taken])
+        except Exception as e:
+            if len(taken) > 1 and to_api_error(e, self.settings.retry_after_s).status == 422:
+                # an input is refused: each half answered as a batch of its own, down to the refused call alone,
+                # which gets the refusal it would get by itself (never more inputs at the engine than the batch)
+                half = len(taken) // 2
+                await asyncio.gather(self._answer_batch(served, taken[:half]), self._answer_batch(served, taken[half:]))
+                return
+            for _, _, future in taken:  # no room, no engine, a refused call: the same answer for all
+                if not future.done():
+                    future.set_exception(e)
+            return
+        for (_, _, future), answer in zip(taken, answers, strict=True):
+            if not future.done():
+                future.set_result(answer)
+
+    async def embed_together(self, served: ServedModel, requests: list[pb.EmbedRequest],
+                             starts: list[float] | None = None) -> list[bytes]:
+        """Several Embed messages (a batch: single calls' and streams' that waited together), one /embed request for
+        each set of options among them. Each answer carries its own message's tokens and characters, its group's
+        engine times, and its total time since its start in `starts` (by default, since now)."""
         start = time.perf_counter()
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
@@ -326,15 +398,17 @@ class TeiService:
             groups.setdefault((r.truncate, True if normalize is None else normalize,
                                _direction(r.truncation_direction), _optional(r, "prompt_name"),
                                _optional(r, "dimensions")), []).append(i)
-        done = await asyncio.gather(*(
+        calls = [
             tei.embed_vectors(served, [requests[i].inputs for i in rows], self.max_batch, dimensions=dimensions,
                               normalize=normalize, truncate=truncate, direction=direction, prompt_name=prompt_name)
-            for (truncate, normalize, direction, prompt_name, dimensions), rows in groups.items()))
-        answers: list[pb.EmbedResponse] = [pb.EmbedResponse()] * len(requests)
+            for (truncate, normalize, direction, prompt_name, dimensions), rows in groups.items()]
+        done = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)  # one: no task for it
+        answers: list[bytes] = [b""] * len(requests)
         for rows, (vectors, result) in zip(groups.values(), done):
-            metadata = _metadata(sum(len(requests[i].inputs) for i in rows), result, start)
-            for i, vector in zip(rows, vectors.tolist()):
-                answers[i] = pb.EmbedResponse(embeddings=vector, metadata=metadata)
+            tokens = result.row_tokens.tolist() if result.row_tokens is not None else [None] * len(rows)
+            for i, vector, count in zip(rows, vectors, tokens):
+                metadata = _metadata(len(requests[i].inputs), result, start if starts is None else starts[i], count)
+                answers[i] = embed_response(vector, metadata.SerializeToString())
         return answers
 
     async def embed_sparse(self, served: ServedModel, r: pb.EmbedSparseRequest) -> pb.EmbedSparseResponse:
