@@ -38,6 +38,13 @@ the rest), and a candidate list from sign bits misses more of the exact top 10 t
 string, a float), alone and in a k=10 Flat search, and how long the metadata index takes to build
 from the documents (what loading a snapshot does). It uses only what the store had before the metadata
 index too, so the same command on an older checkout gives the "before" figures.
+
+`--lexical-cost 100000 --lexical-texts FILE` measures only a lexical collection's costs (issue 41): the
+lines of FILE (one short text each, repeated with a number appended when there are fewer) written in
+batches, then the time to the first lexical search (what a restart pays: the log's replay or a
+snapshot's load writes every text again), the latency of a lexical search right after a one-document
+write and with no write since the last search (medians over --repeats), on LocalIndex's public API
+only, so an older checkout gives the "before" figures too.
 """
 
 from __future__ import annotations
@@ -482,6 +489,49 @@ def filter_cost(n: int, dim: int, repeats: int) -> dict:
     return out
 
 
+def lexical_cost(n: int, texts_file: Path, repeats: int) -> dict:
+    """A lexical collection of n texts: fill, first search (the build from scratch), search after a write, search."""
+    lines = [line.strip() for line in texts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [lines[i % len(lines)] + ("" if i < len(lines) else f" {i // len(lines)}") for i in range(n)]
+    rng = np.random.default_rng(6)
+    words = [w for w in " ".join(lines[:2000]).lower().split() if len(w) > 3 and w.isalpha()]
+    queries = [" ".join(rng.choice(words, 3)) for _ in range(repeats * 2)]
+    dim = 8  # the vectors are not what is measured
+    vectors = _unit(rng.standard_normal((n + repeats, dim), dtype=np.float32))
+    index = LocalIndex(None, snapshot_every_ops=10**12, snapshot_every_s=1e12)  # memory only: no log
+    out: dict = {"n": n, "texts": str(texts_file)}
+    try:
+        index.create_collection(CollectionSpec(NAME, dim, "Flat", lexical=True))
+        start = time.perf_counter()
+        for i in range(0, n, FILL_BATCH):
+            index.upsert(NAME, [Document(f"d{j}", texts[j]) for j in range(i, min(i + FILL_BATCH, n))],
+                         vectors[i: i + FILL_BATCH])
+        out["fill_s"] = time.perf_counter() - start
+
+        def search(query: str) -> float:
+            start = time.perf_counter()
+            index.search(NAME, None, SearchParams(k=K, mode="lexical", texts=[query], with_text=False,
+                                                  with_metadata=False))
+            return time.perf_counter() - start
+
+        out["first_search_s"] = search(queries[0])
+        after_write, idle = [], []
+        for r in range(repeats):
+            index.upsert(NAME, [Document(f"w{r}", lines[r % len(lines)] + " written now")], vectors[n + r: n + r + 1])
+            after_write.append(search(queries[2 * r]))
+            idle.append(search(queries[2 * r + 1]))
+        out["after_write_ms"] = statistics.median(after_write) * 1000
+        out["after_write_max_ms"] = max(after_write) * 1000
+        out["idle_ms"] = statistics.median(idle) * 1000
+        print(f"  {n:,} texts: filled in {out['fill_s']:.1f} s; first lexical search {out['first_search_s']:.2f} s "
+              f"(from scratch: {out['fill_s'] + out['first_search_s']:.1f} s in all); search right after a "
+              f"1-document write {out['after_write_ms']:.1f} ms (median of {repeats}, max "
+              f"{out['after_write_max_ms']:.1f} ms); with no write since {out['idle_ms']:.2f} ms", flush=True)
+    finally:
+        index.close()
+    return out
+
+
 def measure_writes(index: LocalIndex, vectors: np.ndarray) -> dict:
     half = len(vectors) // 3
     deferred = write_rate(index, vectors[:half], "wa")
@@ -518,7 +568,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--filter-cost", default=None,
                         help="only measure a new filter's cost at these sizes (comma-separated), then exit")
     parser.add_argument("--filter-dim", type=int, default=DIM, help="vector dimension for --filter-cost")
-    parser.add_argument("--repeats", type=int, default=3, help="timings per filter for --filter-cost (median)")
+    parser.add_argument("--lexical-cost", default=None,
+                        help="only measure a lexical collection's build and search costs at these sizes, then exit")
+    parser.add_argument("--lexical-texts", type=Path, default=None, help="one text per line, for --lexical-cost")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timings per filter (--filter-cost) or per search (--lexical-cost); medians")
     parser.add_argument("--vectors", default="mixture",
                         help="mixture, a .npy of real embeddings, or fit:<.npy> (a mixture fitted to them)")
     parser.add_argument("--embed-corpus", nargs=2, type=Path, metavar=("MODEL", "TEXTS"), default=None,
@@ -533,6 +587,15 @@ def main(argv: list[str] | None = None) -> int:
         results = {"cpu": cpu_line(), "filter_cost": []}
         for n in (int(x) for x in args.filter_cost.split(",")):
             results["filter_cost"].append(filter_cost(n, args.filter_dim, args.repeats))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+        return 0
+    if args.lexical_cost:
+        if args.lexical_texts is None:
+            parser.error("--lexical-cost needs --lexical-texts (one text per line)")
+        print(cpu_line(), flush=True)
+        results = {"cpu": cpu_line(), "lexical_cost": [lexical_cost(int(x), args.lexical_texts, args.repeats)
+                                                       for x in args.lexical_cost.split(",")]}
         if args.out:
             args.out.write_text(json.dumps(results, indent=2) + "\n")
         return 0
