@@ -102,6 +102,14 @@ class EmbedRequest(_TeiRequest, _Prompted):
         return _as_list(self.inputs)
 
 
+class ChunkEmbedding(BaseModel):
+    """/embed with chunking: one chunk of an input, its span in it and its vector."""
+
+    start: int
+    end: int
+    embedding: list[float]
+
+
 class SimilarityInputs(BaseModel):
     source_sentence: str = Field(examples=["A man is playing a guitar."])
     sentences: list[str] = Field(min_length=1, examples=[["A person plays the guitar.", "Stocks fell sharply."]])

@@ -60,9 +60,10 @@ async def embed_texts(request: Request, texts: list[str], field: str, *, model_n
                             **options)
 
 
-@router.post("/embed", response_model=list[list[float]])
+@router.post("/embed", response_model=list[list[float]] | list[list[schemas.ChunkEmbedding]])
 async def embed(req: schemas.EmbedRequest, request: Request):
-    """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array)."""
+    """Embed one text or a batch: one vector per input, in order (TEI's bare 2-D array); with `chunking`, per
+    input a list of its chunks' {start, end, embedding}."""
     start = time.perf_counter()
     served = model(request, req.model)
     if req.embedding_type != "float":  # refused before any compute where the model cannot give it
