@@ -80,6 +80,8 @@ class Collection:
         for slot in slots:
             self._docs[slot] = None
         self.vectors.kill(np.asarray(slots, dtype=np.int64))
+        if self.lexical is not None:
+            self.lexical.remove(slots)
         self._version += 1
         return len(firsts)
 
@@ -190,8 +192,7 @@ class Collection:
             return self._dense(queries, params.k, params, allowed)
         assert self.lexical is not None and params.texts is not None
         k = params.k if params.mode == "lexical" else max(params.k, params.candidates or DEFAULT_CANDIDATES)
-        lexical = self.lexical.search(params.texts, k, self._version,
-                                      lambda n: self.vectors.live_flags()[:n].copy(), allowed)
+        lexical = self.lexical.search(params.texts, k, allowed)
         if params.mode == "lexical":
             return lexical
         assert queries is not None
