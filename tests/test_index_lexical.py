@@ -5,6 +5,7 @@ real HTTP (fake backend) for the options and their 422s."""
 from __future__ import annotations
 
 import math
+import threading
 
 import httpx
 import numpy as np
@@ -191,6 +192,36 @@ def test_rankings_depend_only_on_the_live_documents(index):
     assert ranking(index, *queries) == ranking(fresh, *queries)
     assert any(ranking(index, *queries))
     fresh.close()
+
+
+def test_a_write_is_found_by_the_next_search_while_other_searches_commit_beside_it(index):
+    """Read your writes: each acknowledged write is found at once, while another thread's searches commit the
+    index's pending changes concurrently with the writes (the writer and a commit share one lock)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def searcher() -> None:
+        try:
+            while not stop.is_set():
+                lexical(index, "note", k=3)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=searcher)
+    thread.start()
+    try:
+        for n in range(150):
+            put(index, [Document(f"d{n}", f"note {n} names w{n}x", {})] + ([] if n % 3 or not n else [
+                Document(f"d{n - 1}", f"note {n - 1} renamed v{n - 1}y", {})]))
+            assert [i for i, _ in lexical(index, f"w{n}x", k=1)[0]] == [f"d{n}"]
+            if n % 3 == 0 and n:
+                assert lexical(index, f"w{n - 1}x") == [[]]  # replaced: its old words are gone at once
+                assert [i for i, _ in lexical(index, f"v{n - 1}y")[0]] == [f"d{n - 1}"]
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    assert len(ranking(index, "note", k=1000)[0]) == 150
 
 
 def test_hybrid_fuses_the_dense_and_the_lexical_ranking(index):
