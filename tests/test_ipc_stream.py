@@ -255,16 +255,18 @@ def test_a_header_that_is_no_request_is_dropped_and_never_dispatched(endpoint, c
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(socket_path(endpoint))
             for wrong in ([msgpack.packb({"op": "_close", "id": 1})], [msgpack.packb([7, 1])],  # 7: Pong's tag
-                          [msgpack.packb({"op": "embed", "id": 2, "rows": 1}), *batch]):
+                          [msgpack.packb({"op": "embed", "id": 2, "rows": 1}), *batch], []):  # []: no frame at all
                 sock.sendall(wire(wrong))
             sock.sendall(wire(encode(Embed(3, 1), *batch)))
             reader, answers = Reader(), []
             sock.settimeout(10)
             while not answers:
-                answers = reader.feed(sock.recv(65536))
+                data = sock.recv(65536)
+                assert data, "the engine closed the connection instead of answering the request after them"
+                answers = reader.feed(data)
         ((vectors, frames),) = decode_replies(answers[0])
         assert isinstance(vectors, Vectors) and vectors.id == 3 and vectors.shape == (1, 8)
-        assert sum("is not a request" in r.getMessage() for r in caplog.records) == 3
+        assert sum("is not a request" in r.getMessage() for r in caplog.records) == 4
         assert served.engine.in_flight == 0 and served.backend.passes == [[4]]
     finally:
         served.stop()

@@ -200,7 +200,7 @@ class EngineServer:
             for frames in messages:
                 try:
                     requests = decode_requests(frames)
-                except (msgspec.ValidationError, msgspec.DecodeError) as e:  # not one of our messages: never run
+                except (msgspec.DecodeError, ValueError) as e:  # not one of our messages (or none at all): never run
                     log.error("an API process sent a message that is not a request (%s): dropped", e)
                     continue
                 for request, buffers in requests:
