@@ -116,15 +116,17 @@ def test_a_filtered_ranking_is_the_unfiltered_one_restricted_with_ties_by_slot(s
     index.add(0, texts)  # many identical texts: many equal scores, ties across every cut
     allowed = np.flatnonzero(rng.random(len(texts)) < share)
     assert (len(allowed) > TERM_SET_MAX) == (share == 0.5)
-    [(all_scores, all_slots)] = index.search(["amber cobalt"], len(texts), allowed=None)
-    assert np.all(np.diff(all_scores) <= 0) and len(all_slots) == sum("amber" in t or "cobalt" in t for t in texts)
-    for k in (1, 7, 40):
-        [(scores, slots)] = index.search(["cobalt amber"], k, allowed=allowed)
-        keep = np.isin(all_slots, allowed)
-        assert slots.tolist() == all_slots[keep][:k].tolist()
-        assert scores.tolist() == all_scores[keep][:k].tolist()
-    for a, b in zip(all_slots[:-1].tolist(), all_slots[1:].tolist()):
-        assert all_scores[all_slots.tolist().index(a)] > all_scores[all_slots.tolist().index(b)] or a < b
+    for query in (["amber", "cobalt"], words):  # some items match, or every item does
+        [(all_scores, all_slots)] = index.search([" ".join(query)], len(texts), allowed=None)
+        assert np.all(np.diff(all_scores) <= 0)
+        assert len(all_slots) == sum(any(w in t for w in query) for t in texts)
+        for a, b in zip(all_slots[:-1].tolist(), all_slots[1:].tolist()):  # ties: the earlier slot first
+            assert all_scores[all_slots.tolist().index(a)] > all_scores[all_slots.tolist().index(b)] or a < b
+        for k in (1, 7, 40, len(texts)):
+            [(scores, slots)] = index.search([" ".join(reversed(query))], k, allowed=allowed)
+            keep = np.isin(all_slots, allowed)
+            assert slots.tolist() == all_slots[keep][:k].tolist()
+            assert scores.tolist() == all_scores[keep][:k].tolist()
 
 
 def test_reciprocal_rank_fusion_sums_weight_over_k_plus_rank():

@@ -140,9 +140,10 @@ class LexicalIndex:
             else:
                 kept_scores, kept_slots = scores, slots
             # Done when every match is in, or k are and the rest score below the k-th (no tie across the cut).
-            if len(hits) < fetch or (len(kept_scores) >= k and scores[-1] < np.sort(kept_scores)[-k]):
+            if len(hits) < fetch or fetch >= searcher.num_docs or (
+                    len(kept_scores) >= k and scores[-1] < np.sort(kept_scores)[-k]):
                 break
-            fetch *= 4
+            fetch = min(fetch * 4, searcher.num_docs)
         order = np.lexsort((kept_slots, -kept_scores))[:k]  # by score, then slot: a stable ranking
         return kept_scores[order], kept_slots[order]
 
