@@ -376,6 +376,50 @@ def test_embed_calls_at_once_share_engine_requests_each_with_its_own_answer(live
             assert np.array_equal(np.asarray(future.result(timeout=120).embeddings, dtype=np.float32), expected[i])
 
 
+def test_embed_calls_waiting_for_the_next_batch_hold_their_model_through_a_reload():
+    """In process, the fake backend's gate holding the engine's pass: calls that arrive while one is at the engine
+    wait, hold the model beside it (a reload retires the model only after them, as after requests inside embed),
+    and go as one pass, each answered with its own tokens."""
+    from service.api.auth import ApiKeys
+    from service.api.grpc.server import TeiService
+    from service.api.registry import retire
+    from service.settings import Settings
+    from tests.inprocess import registry_from_settings
+
+    settings = Settings(backend="fake")
+    registry = registry_from_settings(settings)
+    served = registry.get(None)
+    backend = served.client.engine.backend
+    texts = [f"text {i}" + " more" * i for i in range(5)]
+
+    async def run() -> tuple[list[bytes], int, bool]:
+        service = TeiService(registry, settings, ApiKeys([]), "test")
+        backend.gate.clear()
+        first = asyncio.ensure_future(service.embed(served, pb.EmbedRequest(inputs="the first one")))
+        await asyncio.to_thread(wait_until, backend.at_gate.is_set, 30, what="the first call's pass")
+        waiting = [asyncio.ensure_future(service.embed(served, pb.EmbedRequest(inputs=t))) for t in texts]
+        await asyncio.sleep(0.1)  # they wait in the process, not at the engine
+        held = served.held
+        retired = asyncio.ensure_future(retire(served, grace_s=60))  # a reload replaced the model meanwhile
+        await asyncio.sleep(0.1)
+        backend.gate.set()
+        answers = await asyncio.gather(first, *waiting)
+        done_before = retired.done()
+        await retired
+        return answers, held, done_before
+
+    try:
+        answers, held, retired_before_answers = asyncio.run(run())
+    finally:
+        backend.gate.set()
+        served.client.engine.stop()
+    assert held == 2 and served.held == 0  # the call inside embed and the waiting ones; none once answered
+    assert not retired_before_answers
+    words = [len(t.split()) + 2 for t in texts]  # the fake model's tokens: words, [CLS] and [SEP]
+    assert backend.passes[-2:] == [[5], words]  # the first alone, then the five together
+    assert [pb.EmbedResponse.FromString(a).metadata.compute_tokens for a in answers] == [5, *words]
+
+
 def test_an_embed_response_is_written_as_protobuf_writes_it():
     """EmbedResponse's bytes built from a float32 row (server.embed_response) are protobuf's own, for any length."""
     from service.api.grpc.server import embed_response

@@ -328,6 +328,7 @@ class TeiService:
         lane = self._lanes.get(id(served))
         if lane is None:
             lane = self._lanes[id(served)] = _Lane()
+            served.held += 1  # its calls hold the model as a request inside embed does: a reload retires it after
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         lane.waiting.append((r, time.perf_counter(), future))
         if not lane.in_flight or len(lane.waiting) >= self.max_batch:
@@ -348,7 +349,8 @@ class TeiService:
         if lane.waiting and not lane.in_flight:
             self._send(served, lane)
         elif not (lane.in_flight or lane.waiting):
-            self._lanes.pop(id(served), None)
+            del self._lanes[id(served)]
+            served.held -= 1
 
     async def _batch(self, served: ServedModel, lane: _Lane,
                      taken: list[tuple[pb.EmbedRequest, float, asyncio.Future]]) -> None:
