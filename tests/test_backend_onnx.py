@@ -86,6 +86,22 @@ def test_padding_multiple_is_calibrated_for_this_cpu(backend, default_export):
     assert fixed.pad_to_multiple_of == 16
 
 
+def test_a_graph_is_calibrated_once_per_process_and_thread_count(backend, default_export, tmp_path, monkeypatch):
+    """Loading the same graph again (a reload, a copy under another name) reuses the multiple measured for it; other
+    intra-op threads measure again."""
+    import shutil
+
+    import service.engine.backends.onnx as onnx_backend
+
+    monkeypatch.setattr(onnx_backend, "_CALIBRATED", dict(onnx_backend._CALIBRATED))
+    measured = []
+    monkeypatch.setattr(OnnxBackend, "calibrate_padding", lambda self: measured.append(self) or 32)
+    copy = shutil.copytree(default_export, tmp_path / "copy")
+    assert OnnxBackend(copy).pad_to_multiple_of == backend.pad_to_multiple_of and measured == []
+    more_threads = OnnxBackend(default_export, intra_op_threads=physical_cores() + 1)
+    assert more_threads.pad_to_multiple_of == 32 and measured == [more_threads]
+
+
 def test_cuda_asked_for_and_absent_fails_loudly(default_export):
     import onnxruntime as ort
 
