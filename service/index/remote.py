@@ -2,70 +2,43 @@
 API process over ZeroMQ.
 
 `IndexClient` has the VectorIndex interface (blocking calls, which the routes already make from
-their thread pool); `IndexServer` runs each call on the index in its own thread pool. Messages are
-a msgpack header naming the method, with the index's dataclasses as tagged maps and numpy arrays as
-raw buffers. Errors cross as the same VectorIndexError classes. Two calls stream: `scan` (pages pulled by
-the client) and `replace_collection` (batches pushed by the client), which re-embedding uses.
+their thread pool); `IndexServer` answers each call through its handler table, in its own thread pool.
+Messages are typed (service/index/messages.py): a msgspec header per call, numpy arrays as raw frames after it;
+a message that is none of them is refused with `Failed` and logged, never dispatched. Errors cross as the same
+VectorIndexError classes. Two calls stream: `scan` (pages pulled by the client) and `replace_collection`
+(batches pushed by the client), which re-embedding uses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import queue
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
-import msgpack
+import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
 
 from service.index import base
+from service.index import messages as m
+from service.ipc.stream import Buffer
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 log = logging.getLogger("sembed.index")
 
-_TYPES = {c.__name__: c for c in (base.ModelStamp, base.CollectionSpec, base.CollectionInfo, base.Document,
-                                   base.Record, base.Hit, base.WriteResult, base.SearchParams)}
 _ERRORS = {c.__name__: c for c in (base.VectorIndexError, base.CollectionNotFound, base.CollectionExists,
                                     base.ModelMismatch, base.InvalidRequest, base.NotDurable)}
-_ARRAY = 1  # msgpack extension code: dtype, shape, raw bytes
-#: the VectorIndex methods a client may call
-METHODS = {"create_collection", "drop_collection", "list_collections", "info", "upsert", "get", "delete", "clear",
-           "search"}
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        return msgpack.ExtType(_ARRAY, msgpack.packb((array.dtype.str, array.shape, array.tobytes())))
-    if dataclasses.is_dataclass(value):
-        return {"__type__": type(value).__name__, **{f.name: getattr(value, f.name) for f in dataclasses.fields(value)}}
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot send {type(value).__name__} to the index process")
-
-
-def _ext(code: int, data: bytes) -> Any:
-    dtype, shape, raw = msgpack.unpackb(data)
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _object(value: dict) -> Any:
-    kind = value.pop("__type__", None)
-    return _TYPES[kind](**value) if kind is not None else value
-
-
-def encode(message: Any) -> bytes:
-    return msgpack.packb(message, default=_default, use_bin_type=True)
-
-
-def decode(frame: bytes) -> Any:
-    return msgpack.unpackb(frame, object_hook=_object, ext_hook=_ext, raw=False, strict_map_key=False)
+#: what replace_collection takes: documents and their vectors, a row per chunk
+_Batch = tuple[list[base.Document], np.ndarray]
 
 
 class IndexClient:
@@ -75,11 +48,11 @@ class IndexClient:
         self.endpoint = endpoint
         self.timeout_ms = int(timeout_s * 1000)
         self._local = threading.local()
-        self._sockets: list[zmq.Socket] = []
+        self._sockets: list[zmq.Socket[bytes]] = []
         self._lock = threading.Lock()
 
-    def _socket(self) -> zmq.Socket:
-        socket = getattr(self._local, "socket", None)
+    def _socket(self) -> zmq.Socket[bytes]:
+        socket: zmq.Socket[bytes] | None = getattr(self._local, "socket", None)
         if socket is None:
             socket = zmq.Context.instance().socket(zmq.REQ)
             socket.setsockopt(zmq.LINGER, 0)
@@ -92,37 +65,66 @@ class IndexClient:
                 self._sockets.append(socket)
         return socket
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, request: m.Request, answer: type[m.Answer], *arrays: Buffer) -> m.Answer:
+        """Send `request` (and its arrays' bytes); its `answer`, or raise the error the index process names."""
         socket = self._socket()
-        socket.send(encode({"method": method, "args": args, "kwargs": kwargs}))
+        socket.send_multipart(m.encode(request, *arrays), copy=False)
         try:
-            reply = decode(socket.recv())
+            reply = m.decode_reply(answer, socket.recv())
         except zmq.Again:
-            raise base.NotDurable(f"the index process did not answer {method} in time") from None
-        if "error" in reply:
-            error = _ERRORS.get(reply["error"], base.VectorIndexError)
-            raise error(reply["message"], reply["status"]) if error is base.NotDurable else error(reply["message"])
-        return reply["result"]
+            raise base.NotDurable(f"the index process did not answer {type(request).__name__} in time") from None
+        if isinstance(reply, m.Failed):
+            error = _ERRORS.get(reply.error, base.VectorIndexError)
+            raise error(reply.message, reply.status) if error is base.NotDurable else error(reply.message)
+        return reply
 
-    def __getattr__(self, method: str):
-        if method not in METHODS:
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
+    def create_collection(self, spec: base.CollectionSpec, exist_ok: bool = False) -> base.CollectionInfo:
+        return self._call(m.CreateCollection(spec, exist_ok), m.Collection).info
 
-    def scan(self, name: str, batch: int = 1000):
-        stream = self._call("scan", name, batch)
-        while (records := self._call("_next", stream)) is not None:
+    def drop_collection(self, name: str) -> base.WriteResult:
+        return self._call(m.DropCollection(name), m.Written).result
+
+    def list_collections(self) -> list[base.CollectionInfo]:
+        return self._call(m.ListCollections(), m.Collections).collections
+
+    def info(self, name: str) -> base.CollectionInfo:
+        return self._call(m.Info(name), m.Collection).info
+
+    def upsert(self, name: str, documents: list[base.Document], vectors: np.ndarray) -> base.WriteResult:
+        described, data = m.array(np.asarray(vectors))
+        return self._call(m.Upsert(name, documents, described), m.Written, data).result
+
+    def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[base.Record]:
+        return self._call(m.Get(name, ids, with_vector), m.Records).records
+
+    def delete(self, name: str, ids: list[str] | None = None,
+               filter: dict[str, Any] | None = None) -> base.WriteResult:
+        return self._call(m.Delete(name, ids, filter), m.Written).result
+
+    def clear(self, name: str) -> base.WriteResult:
+        return self._call(m.Clear(name), m.Written).result
+
+    def search(self, name: str, queries: np.ndarray | None, params: base.SearchParams) -> list[list[base.Hit]]:
+        if queries is None:
+            return self._call(m.Search(name, None, params), m.Hits).hits
+        described, data = m.array(np.asarray(queries))
+        return self._call(m.Search(name, described, params), m.Hits, data).hits
+
+    def scan(self, name: str, batch: int = 1000) -> Iterator[list[base.Record]]:
+        stream = self._call(m.Scan(name, batch), m.Opened).stream
+        while (records := self._call(m.Next(stream), m.Page).records) is not None:
             yield records
 
-    def replace_collection(self, spec: base.CollectionSpec, batches) -> base.WriteResult:
-        stream = self._call("replace_collection", spec)
+    def replace_collection(self, spec: base.CollectionSpec, batches: Iterable[_Batch]) -> base.WriteResult:
+        stream = self._call(m.Replace(spec), m.Opened).stream
         try:
             for documents, vectors in batches:
-                self._call("_feed", stream, documents, vectors)
+                described, data = m.array(np.asarray(vectors))
+                self._call(m.Feed(stream, documents, described), m.Taken, data)
         except BaseException:
-            self._call("_feed", stream, None, None, abort=True)
+            self._call(m.Abort(stream), m.Taken)
             raise
-        return self._call("_end", stream)
+        return self._call(m.End(stream), m.Written).result
 
     def close(self) -> None:
         with self._lock:
@@ -135,14 +137,38 @@ class _Aborted(Exception):
     pass
 
 
+#: a replacement in progress: the queue its batches go through, and the call that ends with its WriteResult
+_Replacement = tuple["queue.Queue[_Batch | _Aborted | None]", "Future[base.WriteResult]"]
+
+
 class IndexServer:
     def __init__(self, index: base.VectorIndex, endpoint: str, threads: int = 8):
         self.index = index
         self.endpoint = endpoint
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="index")
-        self._streams: dict[int, Any] = {}
+        self._scans: dict[int, Iterator[list[base.Record]]] = {}
+        self._replacements: dict[int, _Replacement] = {}
         self._ids = itertools.count(1)
         self._stop = asyncio.Event()
+        index = self.index
+        # each request's handler, given the request and its arrays
+        self._handlers: dict[type[m.Request], Callable[[Any, list[np.ndarray]], m.Reply]] = {
+            m.CreateCollection: lambda r, _: m.Collection(index.create_collection(r.spec, r.exist_ok)),
+            m.DropCollection: lambda r, _: m.Written(index.drop_collection(r.name)),
+            m.ListCollections: lambda r, _: m.Collections(index.list_collections()),
+            m.Info: lambda r, _: m.Collection(index.info(r.name)),
+            m.Upsert: lambda r, arrays: m.Written(index.upsert(r.name, r.documents, arrays[0])),
+            m.Get: lambda r, _: m.Records(index.get(r.name, r.ids, r.with_vector)),
+            m.Delete: lambda r, _: m.Written(index.delete(r.name, ids=r.ids, filter=r.filter)),
+            m.Clear: lambda r, _: m.Written(index.clear(r.name)),
+            m.Search: lambda r, arrays: m.Hits(index.search(r.name, arrays[0] if arrays else None, r.params)),
+            m.Scan: self._scan,
+            m.Next: self._next,
+            m.Replace: self._replace,
+            m.Feed: self._feed,
+            m.Abort: self._abort,
+            m.End: self._end,
+        }
 
     def stop(self) -> None:
         self._stop.set()
@@ -152,29 +178,26 @@ class IndexServer:
         socket.setsockopt(zmq.LINGER, 1000)
         socket.bind(self.endpoint)
         loop = asyncio.get_running_loop()
-        pending: set[asyncio.Future] = set()
+        pending: set[asyncio.Future[None]] = set()
 
-        async def handle(*envelope: bytes) -> None:  # [identity, REQ_CORRELATE's id, b"", payload]
-            *route, frame = envelope
-            call = decode(frame)
-            try:
-                result = await loop.run_in_executor(self._pool, self._run, call)
-                reply = {"result": result}
-            except base.VectorIndexError as e:
-                reply = {"error": type(e).__name__, "message": str(e), "status": e.status}
-            except Exception as e:
-                log.exception("index call %s failed", call.get("method"))
-                reply = {"error": "VectorIndexError", "message": f"internal error in the index: {e}", "status": 500}
-            await socket.send_multipart([*route, encode(reply)])
+        async def handle(frames: list[zmq.Frame]) -> None:
+            # [identity, REQ_CORRELATE's id, b"", header, arrays...]: the route is up to the empty delimiter
+            delimiter = next((i for i, f in enumerate(frames) if not f.buffer.nbytes), None)
+            if delimiter is None:
+                log.error("a message to the index process without a REQ envelope: dropped")
+                return
+            body = [f.buffer for f in frames[delimiter + 1:]]
+            reply = await loop.run_in_executor(self._pool, self.answer, body)
+            await socket.send_multipart([*frames[:delimiter + 1], reply])
 
         receiver = None
         while not self._stop.is_set():
-            receiver = receiver or asyncio.ensure_future(socket.recv_multipart())
+            receiver = receiver or asyncio.ensure_future(socket.recv_multipart(copy=False))
             stopping = asyncio.ensure_future(self._stop.wait())
             done, _ = await asyncio.wait({receiver, stopping}, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
             if receiver in done:
-                task = asyncio.ensure_future(handle(*receiver.result()))
+                task = asyncio.ensure_future(handle(receiver.result()))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 receiver = None
@@ -185,44 +208,80 @@ class IndexServer:
         socket.close()
         self._pool.shutdown(wait=True)
 
-    def _run(self, call: dict) -> Any:
-        method, args, kwargs = call["method"], call["args"], call["kwargs"]
-        if method in METHODS:
-            return getattr(self.index, method)(*args, **kwargs)
-        if method == "scan":
-            return self._open(iter(self.index.scan(*args)))
-        if method == "_next":
-            return next(self._streams[args[0]], None) if args[0] in self._streams else None
-        if method == "replace_collection":
-            return self._start_replace(args[0])
-        if method == "_feed":
-            self._streams[args[0]][0].put(_Aborted() if kwargs.get("abort") else (args[1], args[2]))
-            return None
-        if method == "_end":
-            feed, done = self._streams.pop(args[0])
-            feed.put(None)
-            return done.result()
-        raise base.InvalidRequest(f"unknown index call {method!r}")
+    def answer(self, frames: Sequence[Buffer]) -> Buffer:
+        """One message's answer, encoded: its handler's reply, or Failed (a malformed message is not dispatched)."""
+        reply: m.Reply
+        try:
+            request, arrays = m.decode_request(frames)
+        except msgspec.DecodeError as e:  # ValidationError too: a tag, field or array that is none of ours
+            log.error("a malformed index request refused: %s", e)
+            reply = m.Failed("InvalidRequest", f"malformed index request: {e}", base.InvalidRequest.status)
+        else:
+            try:
+                reply = self._handlers[type(request)](request, arrays)
+            except base.VectorIndexError as e:
+                reply = m.Failed(type(e).__name__, str(e), e.status)
+            except Exception as e:
+                log.exception("index call %s failed", type(request).__name__)
+                reply = m.Failed("VectorIndexError", f"internal error in the index: {e}", 500)
+        return m.encode(reply)[0]
 
-    def _open(self, stream: Any) -> int:
+    # --- the streams --------------------------------------------------------------------------------
+
+    def _scan(self, request: m.Scan, arrays: list[np.ndarray]) -> m.Opened:
         key = next(self._ids)
-        self._streams[key] = stream
-        return key
+        self._scans[key] = iter(self.index.scan(request.name, request.batch))
+        return m.Opened(key)
 
-    def _start_replace(self, spec: base.CollectionSpec) -> int:
-        feed: queue.Queue = queue.Queue(maxsize=4)
+    def _next(self, request: m.Next, arrays: list[np.ndarray]) -> m.Page:
+        scan = self._scans.get(request.stream)
+        records = None if scan is None else next(scan, None)
+        if records is None:
+            self._scans.pop(request.stream, None)
+        return m.Page(records)
 
-        def batches():
+    def _replace(self, request: m.Replace, arrays: list[np.ndarray]) -> m.Opened:
+        feed: queue.Queue[_Batch | _Aborted | None] = queue.Queue(maxsize=4)
+
+        def batches() -> Iterator[_Batch]:
             while (item := feed.get()) is not None:
                 if isinstance(item, _Aborted):
                     raise item
                 yield item
 
-        done = self._pool.submit(self.index.replace_collection, spec, batches())
-        return self._open((feed, done))
+        key = next(self._ids)
+        self._replacements[key] = (feed, self._pool.submit(self.index.replace_collection, request.spec, batches()))
+        return m.Opened(key)
+
+    def _replacement(self, stream: int, end: bool = False) -> _Replacement:
+        replacement = self._replacements.pop(stream, None) if end else self._replacements.get(stream)
+        if replacement is None:
+            raise base.InvalidRequest(f"no replacement {stream} in progress in the index process")
+        return replacement
+
+    def _feed(self, request: m.Feed, arrays: list[np.ndarray]) -> m.Taken:
+        feed, done = self._replacement(request.stream)
+        while True:
+            try:
+                feed.put((request.documents, arrays[0]), timeout=1.0)
+                return m.Taken()
+            except queue.Full:
+                if done.done():  # the replacement failed on an earlier batch and takes no more: its error
+                    self._replacements.pop(request.stream, None)
+                    done.result()
+                    raise base.VectorIndexError("the replacement stopped taking batches") from None
+
+    def _abort(self, request: m.Abort, arrays: list[np.ndarray]) -> m.Taken:
+        self._replacement(request.stream, end=True)[0].put(_Aborted())
+        return m.Taken()
+
+    def _end(self, request: m.End, arrays: list[np.ndarray]) -> m.Written:
+        feed, done = self._replacement(request.stream, end=True)
+        feed.put(None)
+        return m.Written(done.result())
 
 
-def run(settings, endpoint: str) -> None:
+def run(settings: Settings, endpoint: str) -> None:
     """The index process's main: open the index, serve until SIGTERM, close it (snapshot) and exit."""
     from service.index import open_configured
 
