@@ -82,6 +82,7 @@ def trained(tiny_model_dir, shared_data, tmp_path_factory):
     return next((tmp / "runs").iterdir()), export_dir
 
 
+@pytest.mark.slow  # `trained`: a training run with STS-B dev evaluations, then an export
 def test_trains_with_pair_score_model_selection(trained, shared_data):
     from core.cross_encoder import CrossEncoder
     from core.sts import stsb_dev_pair_spearman
@@ -99,6 +100,7 @@ def test_trains_with_pair_score_model_selection(trained, shared_data):
     assert manifest["training"]["dev_score"] == pytest.approx(max(devs.values()), abs=1e-4)
 
 
+@pytest.mark.slow  # `trained`: a training run with STS-B dev evaluations, then an export
 def test_export_is_a_pair_scorer_with_torch_parity(trained):
     import onnx
 
@@ -124,6 +126,7 @@ def test_export_is_a_pair_scorer_with_torch_parity(trained):
     assert np.abs(backend.score_pairs(list(zip(first, second)), batch_size=1) - expected).max() <= 1e-4
 
 
+@pytest.mark.slow  # `trained`: a training run with STS-B dev evaluations, then an export
 def test_service_reranks_with_the_export_and_refuses_embeddings(trained):
     from core.cross_encoder import CrossEncoder
     from tests.conftest import LiveServer

@@ -331,6 +331,7 @@ def test_a_variant_below_the_cosine_bar_is_left_out(tiny_model_dir, tmp_path, ca
     assert "fp16 variant left out" in err and "(below 1.01)" in err
 
 
+@pytest.mark.slow  # four exports, each variant measured on STS-B dev
 def test_an_int8_variant_that_loses_stsb_dev_is_left_out(tiny_model_dir, tmp_path):
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
     kept = export_onnx(encoder, tmp_path / "kept", data_dir=FIXTURE_DATA)

@@ -30,6 +30,7 @@ def fake_service():
         yield server
 
 
+@pytest.mark.slow  # 25 examples of every operation: the longest test of the unit tier; `make test` runs it
 def test_the_service_keeps_its_own_schema(fake_service):
     # schemathesis's pytest plugin does not load under this pytest: drive hypothesis ourselves.
     from hypothesis import given

@@ -117,6 +117,7 @@ class Scripted:
         return self.scores.pop(0)
 
 
+@pytest.mark.slow  # two trainer runs of 6 steps
 def test_trainer_keeps_the_checkpoint_the_injected_evaluator_scores_best(tiny_model_dir, shared_data, tmp_path):
     from training.config import make_config
     from training.trainer import train
@@ -146,6 +147,7 @@ def test_train_cli_and_config_carry_the_selection(tmp_path):
     assert "--select 'pairs:my dev.tsv'" in dry.stdout, dry.stdout + dry.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_training_does_not_import_evaluation_at_import_time():
     code = ("import sys, training.trainer, training.train, training.selection, export.exporter; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'evaluation'))")
@@ -210,6 +212,7 @@ class ScriptedItems(Scripted):
         return float(np.mean(self.item_scores))
 
 
+@pytest.mark.slow  # two trainer runs
 def test_trainer_refuses_a_gain_it_cannot_tell_from_noise_and_logs_the_rule(tiny_model_dir, shared_data, tmp_path):
     from training.config import make_config
     from training.trainer import train

@@ -40,7 +40,13 @@ def tokenizers_pair(default_export):
     return fast, reference
 
 
-@pytest.mark.parametrize("limit,direction", [(256, "right"), (8, "right"), (8, "left"), (3, "left")])
+# 33,000 texts through both tokenizers each: the truncations past the default are slow (`make test` runs them)
+@pytest.mark.parametrize("limit,direction", [
+    (256, "right"),
+    pytest.param(8, "right", marks=pytest.mark.slow),
+    pytest.param(8, "left", marks=pytest.mark.slow),
+    pytest.param(3, "left", marks=pytest.mark.slow),
+])
 def test_fast_path_gives_the_ids_and_counts_of_tokenizers(tokenizers_pair, shared_data, limit, direction):
     fast, reference = tokenizers_pair
     for tok in (fast, reference):
