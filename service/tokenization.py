@@ -25,7 +25,7 @@ log = logging.getLogger("sembed.tokenization")
 
 class TextTokenizer(Protocol):
     max_seq_length: int
-    vocab_size: int | None
+    vocab_size: int  # ids at or above it are no token of this tokenizer
     #: requests of up to this many characters are tokenised on the API process's event loop (about a
     #: millisecond); longer ones in a thread, so other requests' HTTP work goes on meanwhile
     inline_chars: int

@@ -12,12 +12,19 @@ from typing import Protocol
 import numpy as np
 
 from service.ipc.messages import ModelInfo, TokenBatch
+from service.tokenization import TextTokenizer
 
 
 class Backend(Protocol):
     info: ModelInfo
     pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
     row_buckets: tuple[int, ...]  # a pass's row count is padded up to one of these (none: not padded)
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """What makes this backend's token ids from texts (the one `info.tokenizer` names): an engine in the
+        caller's own process is served with it (ModelRegistry.add_in_process: tests, tools); the API processes
+        load theirs from the export (api/topology.py)."""
 
     def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass over `batch`'s rows padded to `seq_len`: (normalised, raw) float32 [n, dim];

@@ -7,6 +7,7 @@ in the shapes and dtypes the real model gives.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,13 @@ import numpy as np
 from service.engine.backends.base import BackendError
 from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import Manifest
+from service.tokenization import Tokenizer
 
 
 class NullBackend:
     def __init__(self, export_dir: str | Path, pad_to_multiple_of: int = 8):
-        manifest = Manifest.load(Path(export_dir))
+        self.export_dir = Path(export_dir)
+        manifest = Manifest.load(self.export_dir)
         dimension = manifest.dimension
         self.info = ModelInfo(model=manifest.name, dimension=dimension, max_seq_length=manifest.max_seq_length,
                               device="cpu", manifest=manifest.model_dump(mode="json"), kind=manifest.kind,
@@ -26,6 +29,11 @@ class NullBackend:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.row_buckets: tuple[int, ...] = ()
         self._unit = np.full(dimension, dimension ** -0.5, dtype=np.float32)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The export's, as the API processes load it; read when first asked for (an engine process never asks)."""
+        return Tokenizer(self.export_dir)
 
     def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = np.broadcast_to(self._unit, (len(batch), len(self._unit)))
