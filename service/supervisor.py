@@ -36,7 +36,7 @@ import msgspec
 from service.api.auth import ApiKeys
 from service.api.topology import ModelEndpoint, Topology
 from service.ipc import control
-from service.manifest import Manifest, StaleExport
+from service.manifest import StaleExport
 from service.settings import MEMORY_ONLY, Settings
 
 log = logging.getLogger("sembed.supervisor")
@@ -142,10 +142,12 @@ class Supervisor:
         self.staged: dict[int, tuple[ModelEndpoint, Child]] = {}
 
     def topology(self) -> tuple[Topology, list[Child]]:
+        from service.engine.backends import served_name
+
         s = self.settings
         models, engines = [], []
         for name, export_dir in s.model_dirs():
-            name = name or _export_name(s, export_dir)
+            name = name or served_name(s.backend, export_dir)
             endpoint = f"ipc://{self.run_dir}/engine-{next(self.generations)}.sock"
             models.append(ModelEndpoint(name, str(export_dir), endpoint))
             engines.append(self._engine(name, str(export_dir), endpoint))
@@ -341,24 +343,20 @@ class Supervisor:
         log.info("stopped")
 
 
-def _export_name(settings: Settings, export_dir: Path) -> str:
-    if settings.backend == "fake":
-        return export_dir.name or "fake"
-    return Manifest.load(export_dir).name
-
-
 def main() -> None:
+    from service.engine.backends import served_name
+
     _logging()
     settings = Settings()
-    if settings.backend != "fake":
-        for _, export_dir in settings.model_dirs():
-            if not (export_dir / "manifest.json").is_file():
-                raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
-                                 "create one with `make export` or set SEMBED_MODEL_DIR")
-            try:  # here, once, not in an engine process its supervisor would restart
-                Manifest.load(export_dir)
-            except StaleExport as e:
-                raise SystemExit(f"cannot serve {export_dir}: {e}") from e
+    for _, export_dir in settings.model_dirs():
+        try:  # here, once, not in an engine process its supervisor would restart (a backend that reads no export
+            # checks nothing)
+            served_name(settings.backend, export_dir)
+        except FileNotFoundError:
+            raise SystemExit(f"{export_dir} is not an export directory (no manifest.json); "
+                             "create one with `make export` or set SEMBED_MODEL_DIR") from None
+        except StaleExport as e:
+            raise SystemExit(f"cannot serve {export_dir}: {e}") from e
     for warning in startup_warnings(settings):
         log.warning(warning)
     raise SystemExit(Supervisor(settings).run())
