@@ -610,6 +610,30 @@ def test_an_api_key_is_asked_for_as_http_asks_for_it(keyed):
     tei_client(lambda: GrpcClient(keyed.target, credentials=credentials), embeds)
 
 
+def test_health_and_reflection_answer_grpcs_own_clients(live, channel, keyed):
+    """gRPC's standard health service (what Kubernetes' grpc probe calls) says SERVING for the server and each TEI
+    service, with no key asked where keys are set (as HTTP's /health); reflection describes TEI's services to a
+    client that has no .proto (grpcurl's way)."""
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    check = health_pb2_grpc.HealthStub(channel).Check
+    for service in ("", "tei.v1.Embed", "tei.v1.Rerank", "tei.v1.Info"):
+        assert check(health_pb2.HealthCheckRequest(service=service)).status == serving, service
+    assert refused(check, health_pb2.HealthCheckRequest(service="tei.v1.Nope")).code() == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(keyed.target) as keyed_channel:
+        keyed_check = health_pb2_grpc.HealthStub(keyed_channel).Check
+        assert keyed_check(health_pb2.HealthCheckRequest(service="tei.v1.Embed"), timeout=30).status == serving
+    database = ProtoReflectionDescriptorDatabase(channel)
+    assert {"tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize",
+            "grpc.health.v1.Health"} <= set(database.get_services())
+    embed = DescriptorPool(database).FindServiceByName("tei.v1.Embed")
+    assert {"Embed", "EmbedStream", "EmbedSparse", "EmbedAll"} <= set(embed.methods_by_name)
+    assert "inputs" in embed.methods_by_name["Embed"].input_type.fields_by_name
+
+
 def test_sigterm_drains_open_calls_and_stops_cleanly(keyed):
     """SIGTERM with streams open: the calls in flight are answered, the service exits 0 and frees the port."""
     with grpc.insecure_channel(keyed.target) as channel:

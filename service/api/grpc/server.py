@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from service.api.auth import ApiKeys
 from service.api.errors import ApiError, to_api_error
@@ -514,14 +516,19 @@ def _ranks(scores: np.ndarray, texts: list[str], return_text: bool) -> list[pb.R
     return [pb.Rank(index=int(i), score=float(scores[i])) for i in order]
 
 
+#: the services of TEI's tei.proto, as health checks and reflection name them
+TEI_SERVICES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by_name.values())
+
+
 class GrpcServer:
     """grpcio's aio server on SEMBED_GRPC_PORT, in this process's event loop. Every API process binds the port
     with SO_REUSEPORT (grpcio's default, set here all the same), so the kernel spreads connections over them as
     it spreads HTTP's over the supervisor's shared socket."""
 
-    def __init__(self, server: grpc.aio.Server, port: int):
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer):
         self.server = server
         self.port = port
+        self.health = health_servicer
         self._stopping: asyncio.Future | None = None
 
     @classmethod
@@ -529,6 +536,15 @@ class GrpcServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 1),
                                           ("grpc.max_receive_message_length", settings.max_request_bytes)])
         server.add_generic_rpc_handlers(TeiService(registry, settings, keys, version).handlers())
+        # gRPC's standard health service (Kubernetes' grpc probe, grpc_health_probe): SERVING for the server ("")
+        # and each TEI service until a drain begins; no key asked, as HTTP's /health asks none. Reflection
+        # (grpcurl, Postman) describes the TEI services from the generated code's own descriptor pool.
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        for name in ("", *TEI_SERVICES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection((*TEI_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
+                                            pool=pb.DESCRIPTOR.pool)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         try:
             port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
@@ -537,12 +553,16 @@ class GrpcServer:
                                "another program?") from e
         await server.start()
         log.info("TEI's gRPC API on %s:%d", host, port)
-        return cls(server, port)
+        return cls(server, port, health_servicer)
 
     def begin_stop(self, grace_s: float) -> None:
         """Take no new calls from now on; those in flight get `grace_s` to finish (HTTP drains beside it)."""
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self.server.stop(grace_s))
+            self._stopping = asyncio.ensure_future(self._drain(grace_s))
+
+    async def _drain(self, grace_s: float) -> None:
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING for every service: probes stop routing here
+        await self.server.stop(grace_s)
 
     async def stop(self, grace_s: float) -> None:
         self.begin_stop(grace_s)
