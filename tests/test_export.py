@@ -171,14 +171,16 @@ def test_failed_parity_leaves_nothing_behind(tiny_model_dir, tmp_path):
 
 def test_parity_check_detects_a_different_graph(tiny_model_dir, tmp_path):
     encoder = SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32)
-    export_onnx(encoder, tmp_path / "a")
+    export_onnx(encoder, tmp_path / "a", int8=False, fp16=False)  # the fp32 graph is what the check reads
     with torch.no_grad():
         encoder.transformer.embeddings.word_embeddings.weight.mul_(1.5)
     assert check_parity(encoder, tmp_path / "a" / "model.onnx") > 1e-3
 
 
 def test_tampered_graph_is_refused(tiny_model_dir, tmp_path):
-    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e")
+    # the fp32 graph is the one tampered with and served
+    export_onnx(SentenceEncoder.from_pretrained(tiny_model_dir, max_seq_length=32), tmp_path / "e", int8=False,
+                fp16=False)
     with open(tmp_path / "e" / "model.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(IntegrityError):
