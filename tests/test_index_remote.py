@@ -18,6 +18,7 @@ import zmq
 from service.index import base
 from service.index import messages as m
 from service.index.local import LocalIndex
+from service.index.reembed import reembed
 from service.index.remote import IndexClient, IndexServer
 
 
@@ -104,6 +105,20 @@ def test_replace_collection_streams_batches_and_an_abort_leaves_it_whole(served)
     assert [r.id for r in client.get("docs", ["old", "a", "b", "c"])] == ["a", "b", "c"]
 
 
+def test_a_replacement_that_failed_answers_its_error_to_the_next_batch(served):
+    """A batch the index refuses ends the replacement; the client's next batches get that error, not a wait on a
+    queue nothing reads any more, and the collection stays as it was."""
+    _, client, _ = served
+    spec = base.CollectionSpec("docs", 4)
+    client.create_collection(spec)
+    client.upsert("docs", [base.Document("old", "old")], np.ones((1, 4), np.float32))
+    wrong = ([[base.Document(f"d{i}", "x")], np.ones((1, 3), np.float32)] for i in range(12))
+    with pytest.raises(base.InvalidRequest, match="shape"):
+        client.replace_collection(spec, wrong)
+    assert [r.id for r in client.get("docs", ["old", "d0"])] == ["old"]
+    assert client.replace_collection(spec, iter([([base.Document("new", "n")], np.ones((1, 4)))])).total == 1
+
+
 def _raw(endpoint: str, *frames: bytes) -> m.Reply:
     """Frames sent as they are from a REQ socket of our own, and the answer, whatever it is."""
     socket = zmq.Context.instance().socket(zmq.REQ)
@@ -155,3 +170,24 @@ def test_a_stream_that_is_not_open_is_refused(served):
     assert isinstance(reply, m.Failed) and reply.error == "InvalidRequest" and "no replacement 12345" in reply.message
     assert isinstance(_raw(endpoint, *m.encode(m.Next(12345))), m.Page)  # an unknown scan is done: no page
     assert client.list_collections() == []
+
+
+def test_reembedding_through_the_client_keeps_each_documents_chunks(served):
+    """service.index.reembed over the wire: the scan's pages carry each document's spans, the replacement's
+    batches a vector per chunk."""
+    _, client, _ = served
+    client.create_collection(base.CollectionSpec("docs", 4, model=base.ModelStamp("old", "1")))
+    vectors = unit(np.random.default_rng(2).standard_normal((3, 4)))
+    client.upsert("docs", [base.Document("one", "a b"), base.Document("two", "c d e", {}, [(0, 3), (2, 5)])],
+                  vectors)
+    embedded: list[str] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        embedded.extend(texts)
+        return unit(np.random.default_rng(len(embedded)).standard_normal((len(texts), 4)))
+
+    assert reembed(client, "docs", base.ModelStamp("new", "2"), 4, embed, batch=1).total == 2
+    assert sorted(embedded) == ["a b", "c d", "d e"]  # "two"'s chunks [0, 3) and [2, 5), each embedded again
+    assert client.info("docs").model == base.ModelStamp("new", "2")
+    spans = {r.id: r.spans for page in client.scan("docs") for r in page}
+    assert spans == {"one": None, "two": [(0, 3), (2, 5)]}

@@ -259,26 +259,37 @@ class IndexServer:
             raise base.InvalidRequest(f"no replacement {stream} in progress in the index process")
         return replacement
 
-    def _feed(self, request: m.Feed, arrays: list[np.ndarray]) -> m.Taken:
-        feed, done = self._replacement(request.stream)
+    @staticmethod
+    def _put(replacement: _Replacement, item: _Batch | _Aborted | None) -> bool:
+        """Queue `item` for the replacement; False if it ended first (an earlier batch failed: it takes no more)."""
+        feed, done = replacement
         while True:
             try:
-                feed.put((request.documents, arrays[0]), timeout=1.0)
-                return m.Taken()
+                feed.put(item, timeout=1.0)
+                return True
             except queue.Full:
-                if done.done():  # the replacement failed on an earlier batch and takes no more: its error
-                    self._replacements.pop(request.stream, None)
-                    done.result()
-                    raise base.VectorIndexError("the replacement stopped taking batches") from None
+                if done.done():
+                    return False
+
+    def _feed(self, request: m.Feed, arrays: list[np.ndarray]) -> m.Taken:
+        replacement = self._replacement(request.stream)
+        if not self._put(replacement, (request.documents, arrays[0])):  # the client aborts it next
+            replacement[1].result()  # raises what stopped it
+            raise base.VectorIndexError("the replacement stopped taking batches")
+        return m.Taken()
 
     def _abort(self, request: m.Abort, arrays: list[np.ndarray]) -> m.Taken:
-        self._replacement(request.stream, end=True)[0].put(_Aborted())
+        replacement = self._replacements.pop(request.stream, None)
+        if replacement is None:  # never opened, or already ended: nothing to abandon
+            return m.Taken()
+        self._put(replacement, _Aborted())
+        replacement[1].exception()  # answered once it has ended: the next call finds the collection as it was
         return m.Taken()
 
     def _end(self, request: m.End, arrays: list[np.ndarray]) -> m.Written:
-        feed, done = self._replacement(request.stream, end=True)
-        feed.put(None)
-        return m.Written(done.result())
+        replacement = self._replacement(request.stream, end=True)
+        self._put(replacement, None)
+        return m.Written(replacement[1].result())
 
 
 def run(settings: Settings, endpoint: str) -> None:
