@@ -324,13 +324,15 @@ class WordTokenizer:
         return out
 
 
-def check_texts(texts: list[str], field: str = "inputs") -> None:
-    """Refuse text no tokenizer can take (a lone UTF-16 surrogate) with the index of the culprit."""
+def check_texts(texts: list[str], field: str = "inputs", indices: list[int] | None = None) -> None:
+    """Refuse text no tokenizer can take (a lone UTF-16 surrogate) with the index of the culprit (its index in
+    the request: `indices[i]` where the texts are some of the request's)."""
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise InvalidInput(f"{field}[{i}] is not valid Unicode: {e.reason} at character {e.start}") from None
+            at = indices[i] if indices is not None else i
+            raise InvalidInput(f"{field}[{at}] is not valid Unicode: {e.reason} at character {e.start}") from None
 
 
 def check_truncation(original: np.ndarray, limit: int, what: str = "inputs[{}]") -> None:

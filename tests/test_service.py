@@ -154,6 +154,8 @@ SURROGATE = rb'"bad \ud800 text"'  # JSON's escape for a lone UTF-16 surrogate
     ("/search", b'{"query": %s}'),
     ("/index/documents", b'{"documents": [{"id": "x", "text": %s}]}'),
     ("/v1/embeddings", b'{"input": [%s]}'),
+    ("/embed", b'{"inputs": ["fine", %s], "chunking": true}'),  # the splitter meets the text first
+    ("/v1/embeddings", b'{"input": [%s], "chunking": {"size": 64}}'),
 ])
 def test_a_lone_surrogate_is_422_on_every_route(client, empty_index, path, body):
     r = client.post(path, content=body % SURROGATE, headers={"content-type": "application/json"})

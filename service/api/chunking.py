@@ -12,6 +12,7 @@ from service import chunking
 from service.api.errors import ApiError
 from service.api.registry import ServedModel
 from service.settings import Settings
+from service.tokenization import check_texts
 
 Spans = list[tuple[int, int]]
 
@@ -55,6 +56,7 @@ def options(served: ServedModel, requested: Any, settings: Settings, prompt_name
 
 async def split(served: ServedModel, texts: list[str], chosen: chunking.ChunkOptions) -> list[Spans]:
     """Each text's chunk spans (one spanning it all where it fits); long requests are cut in a thread."""
+    check_texts(texts)  # the splitter takes only valid Unicode: a lone surrogate is the request's 422
     splitter = served.tokenizer.splitters.get(chosen)
 
     def cut() -> list[Spans]:
