@@ -54,9 +54,12 @@ def options(served: ServedModel, requested: Any, settings: Settings, prompt_name
         raise _refused(str(e)) from None
 
 
-async def split(served: ServedModel, texts: list[str], chosen: chunking.ChunkOptions) -> list[Spans]:
-    """Each text's chunk spans (one spanning it all where it fits); long requests are cut in a thread."""
-    check_texts(texts)  # the splitter takes only valid Unicode: a lone surrogate is the request's 422
+async def split(served: ServedModel, texts: list[str], chosen: chunking.ChunkOptions, field: str = "inputs",
+                indices: list[int] | None = None) -> list[Spans]:
+    """Each text's chunk spans (one spanning it all where it fits); long requests are cut in a thread. The
+    splitter takes only valid Unicode: a lone surrogate is the request's 422, naming `field[i]` (`indices[i]`
+    where the texts are some of the request's)."""
+    check_texts(texts, field, indices)
     splitter = served.tokenizer.splitters.get(chosen)
 
     def cut() -> list[Spans]:
@@ -65,6 +68,16 @@ async def split(served: ServedModel, texts: list[str], chosen: chunking.ChunkOpt
     if sum(map(len, texts)) <= served.tokenizer.inline_chars:
         return cut()
     return await run_in_threadpool(cut)
+
+
+async def cut(served: ServedModel, texts: list[str], requested: Any, settings: Settings, field: str,
+              prompt_name: str | None = None, instruction: str | None = None) -> tuple[list[Spans], list[str]]:
+    """An embedding request's texts cut as its `chunking` asks: each text's spans, and the chunks' texts in order
+    (the request refused whole where they exceed max_request_chunks)."""
+    chosen = options(served, wanted(requested, settings, False), settings, prompt_name, instruction)
+    spans = await split(served, texts, chosen, field)
+    check_total(spans, settings.max_request_chunks, field)
+    return spans, [text[a:b] for text, found in zip(texts, spans) for a, b in found]
 
 
 def check_total(spans: Sequence[Spans | None], limit: int, field: str) -> int:

@@ -30,7 +30,6 @@ from service.index import (
     SearchParams,
 )
 from service.ipc.messages import WrongModelType
-from service.tokenization import check_texts
 
 router = APIRouter(tags=["search"])
 
@@ -148,9 +147,7 @@ async def _documents(request: Request, collection: str, req: schemas.AddDocument
         if cut and info.model is not None:
             embedder = _embedder_for(request, collection, info)
             chosen = chunks.options(embedder, asked, config)
-            texts_cut = [cast(str, docs[i].text) for i in cut]
-            check_texts(texts_cut, "documents", cut)  # before the splitter, which takes only valid Unicode
-            found = await chunks.split(embedder, texts_cut, chosen)
+            found = await chunks.split(embedder, [cast(str, docs[i].text) for i in cut], chosen, "documents", cut)
             for i, cut_spans in zip(cut, found):
                 spans[i] = cut_spans if len(cut_spans) > 1 else None  # a text that fits: one chunk, as always
     chunks.check_total(spans, config.max_request_chunks, "documents")

@@ -41,13 +41,8 @@ async def embeddings(req: schemas.OpenAIEmbeddingRequest, request: Request):
         if not isinstance(texts[0], str):
             raise ApiError(400, "'$.chunking' applies to text: inputs given as token ids are not cut", "Validation",
                            param="chunking")
-        config = request.app.state.settings
-        text_inputs = cast(list[str], texts)
-        chosen = chunks.options(served, chunks.wanted(req.chunking, config, False), config, req.prompt_name,
-                                req.instruction)
-        spans = await chunks.split(served, text_inputs, chosen)
-        chunks.check_total(spans, config.max_request_chunks, "input")
-        texts = [text[a:b] for text, found in zip(text_inputs, spans) for a, b in found]
+        spans, texts = await chunks.cut(served, cast(list[str], texts), req.chunking, request.app.state.settings,
+                                        "input", req.prompt_name, req.instruction)
     result = await served.embed(texts, normalize=True, prompt_name=req.prompt_name, instruction=req.instruction)
     vectors = output_types.convert(matryoshka(result.vectors, req.dimensions, normalize=True), req.embedding_type,
                                    served.info.manifest)

@@ -88,11 +88,7 @@ async def _embed_chunks(req: schemas.EmbedRequest, request: Request, served: Ser
     empty = next((i for i, text in enumerate(texts) if not text), None)
     if empty is not None:
         raise ApiError(422, f"inputs[{empty}] is empty: every input needs text", "Validation", param="inputs")
-    chosen = chunks.options(served, chunks.wanted(req.chunking, config, False), config, req.prompt_name,
-                            req.instruction)
-    spans = await chunks.split(served, texts, chosen)
-    chunks.check_total(spans, config.max_request_chunks, "inputs")
-    pieces = [text[a:b] for text, found in zip(texts, spans) for a, b in found]
+    spans, pieces = await chunks.cut(served, texts, req.chunking, config, "inputs", req.prompt_name, req.instruction)
     vectors, result = await embed_vectors(served, pieces, config.max_request_chunks, dimensions=req.dimensions,
                                           normalize=req.normalize, truncate=req.truncate,
                                           direction=req.truncation_direction, prompt_name=req.prompt_name,
