@@ -12,8 +12,9 @@ Each is first checked: its vectors for short and long texts, one request of many
 against sentence-transformers' own (this environment's) by cosine; below MIN_COSINE its rows say FAIL and it is
 not measured. Then the same load generator (a raw HTTP/1.1 keep-alive client on asyncio: its own CPU per
 request is printed) drives it: single texts at concurrency 1 and 64, batches of 32 short texts and batches of 32
-long texts (124-132 tokens) at --batch-concurrency, for --duration seconds each after a warm-up. Per phase:
-sentences/s, p50/p99 request latency, and the server's CPU time per sentence (utime + stime of its process and
+long texts (124-132 tokens) at --batch-concurrency, for --duration seconds each after a warm-up (requests in
+flight then are waited for and counted). Per phase: sentences/s (per connection: its answers over its time to
+the last one, summed), p50/p99 request latency, and the server's CPU time per sentence (utime + stime of its process and
 every process under it, from /proc); a 429 with Retry-After is waited out and sent again, as a client would (its
 latency runs from the first send; the count is shown), any other non-200 answer is counted as an error. Rounds
 alternate the servers (each round in a rotated order), so the host's drift hits all of them; each figure is the
@@ -85,23 +86,35 @@ def phases(short: list[str], long: list[str], batch_concurrency: int) -> list[Ph
 
 @dataclass
 class Load:
-    """What one phase's load saw: each answered request's (sent, answered) time and status."""
+    """What one phase's load saw: each answered request's (connection, sent, answered) time and status."""
 
     start: float
-    cutoff: float  # the end of the measured time: answers after it are not counted
-    answers: list[tuple[float, float, int]]
+    answers: list[tuple[int, float, float, int]]
     retries: int = 0  # 429 answers with Retry-After, waited out and sent again
     first_error: str = ""
+
+    def seconds(self) -> float:
+        """The phase's measured time, per connection: each connection's requests answered 200 over its time from
+        the start to its last answer, summed into a rate (a batch of long texts takes seconds: counted within a
+        fixed window, the figure would move in steps of one request per connection). Returned as the time in
+        which all the 200s fall at that rate."""
+        done: dict[int, list[float]] = {}
+        for conn, _, answered, status in self.answers:
+            if status == 200:
+                done.setdefault(conn, []).append(answered)
+        rate = sum(len(times) / (max(times) - self.start) for times in done.values())
+        good = sum(len(times) for times in done.values())
+        return good / rate if rate else float("inf")
 
 
 async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0) -> Load:
     """`phase.concurrency` connections post `phase.bodies` in turn, each its next request as soon as the last is
     answered, for `duration` seconds after one warm-up request each, and on until `min_requests` were answered 200
-    (a slow server still gets a figure; the measured time then ends at that answer)."""
+    (a slow server still gets a figure); a request in flight when the time is up is waited for and counted."""
     conns = [await Connection(port).open() for _ in range(phase.concurrency)]
     bodies = phase.bodies
     await asyncio.gather(*(c.post(PATH, bodies[i % len(bodies)]) for i, c in enumerate(conns)))
-    answers: list[tuple[float, float, int]] = []
+    answers: list[tuple[int, float, float, int]] = []
     retries = [0]
     first_error = ""
     turn = answered = 0
@@ -128,7 +141,7 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
                 await asyncio.sleep(conns[i].retry_after)
                 conns[i].close()  # on a fresh connection: the server may close one idle that long (keep-alive)
                 conns[i] = await Connection(port).open()
-            answers.append((sent, time.perf_counter(), status))
+            answers.append((i, sent, time.perf_counter(), status))
             answered += status == 200
             if status != 200 and not first_error:
                 first_error = f"{status}: {answer[:200].decode(errors='replace')}"
@@ -138,10 +151,7 @@ async def drive(port: int, phase: Phase, duration: float, min_requests: int = 0)
     finally:
         for c in conns:
             c.close()
-    answers.sort(key=lambda a: a[1])
-    good = [done for _, done, status in answers if status == 200]
-    cutoff = max(end, good[min_requests - 1] if 0 < min_requests <= len(good) else end)
-    return Load(start, cutoff, answers, retries[0], first_error)
+    return Load(start, answers, retries[0], first_error)
 
 
 def measure(port: int, root_pid: int, phase: Phase, duration: float) -> dict:
@@ -152,9 +162,8 @@ def measure(port: int, root_pid: int, phase: Phase, duration: float) -> dict:
     client_s = time.process_time() - client_before
     after = cpu_seconds(process_tree(root_pid))
     server_s = sum(after[pid] - before.get(pid, 0.0) for pid in after)  # a process born meanwhile: all of it
-    counted = [(done - sent, status) for sent, done, status in load.answers if done <= load.cutoff]
-    figures = summarize([latency for latency, status in counted if status == 200], phase.items,
-                        load.cutoff - load.start, server_s, client_s, sum(status != 200 for _, status in counted))
+    figures = summarize([done - sent for _, sent, done, status in load.answers if status == 200], phase.items,
+                        load.seconds(), server_s, client_s, sum(status != 200 for *_, status in load.answers))
     figures["retried_429"] = load.retries
     if load.first_error:
         figures["first_error"] = load.first_error

@@ -31,6 +31,16 @@ def test_percentiles_and_a_phases_figures_are_computed_right():
         [1.0, 2 ** -0.5])
 
 
+def test_a_phases_time_is_counted_per_connection_with_requests_in_flight_at_the_end_counted_whole():
+    # two connections from t=10: one answers at 12 and 14 (2 in 4 s), the other at 13.5 and 15 (2 in 5 s, its
+    # second answered after the phase's time was up); a failed answer counts for neither
+    load = peers.Load(10.0, [(0, 10.0, 12.0, 200), (1, 10.0, 13.5, 200), (0, 12.0, 14.0, 200),
+                             (1, 13.5, 15.0, 200), (1, 15.0, 15.5, 500)])
+    rate = 2 / 4 + 2 / 5
+    assert load.seconds() == pytest.approx(4 / rate)
+    assert peers.Load(0.0, [(0, 0.0, 1.0, 500)]).seconds() == float("inf")
+
+
 def serve_vectors(vectors: dict[str, list[float]]) -> ThreadingHTTPServer:
     """An OpenAI-shaped POST /v1/embeddings answering each text's vector from `vectors`, on a loopback port."""
 
