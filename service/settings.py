@@ -137,6 +137,11 @@ class Settings(BaseSettings):
                                                            "collections keep the float vectors that rescore: in "
                                                            "memory, or in files under the index folder, memory-mapped "
                                                            "(the page cache holds what searches touch)")
+    index_lexical_rebuild: float = Field(0.25, ge=0, le=1, description="local: a lexical index is rebuilt from "
+                                         "the live texts (in the background) once deleted and replaced items, "
+                                         "which its BM25 statistics count until then, are over this fraction of "
+                                         "those it holds; 0: after every delete or replace (then scores are those "
+                                         "of the live items alone), 1: never (docs/hybrid-search.md)")
     # --- long documents (service/chunking.py, docs/long-documents.md) -------------------------------
     chunking: bool = Field(True, description="documents routes: a text over the model's window becomes chunks "
                            "(token windows with overlap, cut at sentence ends), a vector each, and search answers "

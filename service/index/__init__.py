@@ -33,7 +33,8 @@ def open_configured(settings) -> VectorIndex:
     """The index `settings` (service.settings.Settings) describe, opened in this process."""
     options = {"fsync": settings.index_fsync, "snapshot_every_ops": settings.index_snapshot_every_ops,
                "snapshot_every_s": settings.index_snapshot_every_s, "gpu": settings.index_gpu,
-               "float_vectors": settings.index_float_vectors} if settings.index_backend == "local" else {}
+               "float_vectors": settings.index_float_vectors,
+               "lexical_rebuild": settings.index_lexical_rebuild} if settings.index_backend == "local" else {}
     options["oversample"] = settings.index_oversample
     return open_index(settings.index_backend, settings.index_location(), uri=settings.milvus_uri, **options)
 
