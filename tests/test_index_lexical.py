@@ -251,15 +251,15 @@ def test_modes_and_fusion_options_are_checked(index):
     index.create_collection(CollectionSpec("plain", DIM))
     put(index, docs("fox"), "plain")
     q = vec("x")[None]
-    with pytest.raises(InvalidRequest, match="dense, lexical, hybrid"):
-        index.search("c", q, SearchParams(mode="sparse"))
+    with pytest.raises(InvalidRequest, match="dense, lexical, sparse, hybrid"):
+        index.search("c", q, SearchParams(mode="semantic"))
     with pytest.raises(InvalidRequest, match="'plain' has no lexical index"):
         index.search("plain", None, SearchParams(mode="lexical", texts=["fox"]))
     with pytest.raises(InvalidRequest, match="give the query as text"):
         index.search("c", q, SearchParams(mode="hybrid"))
     with pytest.raises(InvalidRequest, match="needs query vectors"):
         index.search("c", None, SearchParams(mode="hybrid", texts=["fox"]))
-    with pytest.raises(InvalidRequest, match="not both 0"):
+    with pytest.raises(InvalidRequest, match="dense_weight and lexical_weight cannot all be 0"):
         index.search("c", q, SearchParams(mode="hybrid", texts=["fox"], dense_weight=0, lexical_weight=0))
     with pytest.raises(InvalidRequest, match="at least 1"):
         index.search("c", q, SearchParams(mode="hybrid", texts=["fox"], rrf_k=0))

@@ -10,11 +10,13 @@ Vectors reaching an index are L2-normalised, so inner product is cosine similari
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 DEFAULT_COLLECTION = "default"
+#: what a search ranks by (SearchParams.mode)
+SEARCH_MODES = ("dense", "lexical", "sparse", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class CollectionSpec:
     # none | int8 | binary: what the searched structure stores (vectors.py); the floats rescore its candidates
     quantization: str = "none"
     lexical: bool = False  # a BM25 index of the stored texts beside the vectors (lexical.py): mode lexical, hybrid
+    # a sparse (SPLADE) vector per chunk beside the dense one (sparse.py): mode sparse, hybrid; the model that
+    # makes them and its vocabulary (the sparse vectors' dimension)
+    sparse_model: ModelStamp | None = None
+    sparse_dimension: int = 0
 
 
 @dataclass
@@ -50,6 +56,8 @@ class CollectionInfo:
     ann_ready: bool = True  # False while an ANN structure is untrained or being rebuilt (search is exact then)
     quantization: str = "none"
     lexical: bool = False
+    sparse_model: ModelStamp | None = None
+    sparse_dimension: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,19 @@ class Document:
 
     def spans(self) -> list[tuple[int, int]]:
         return [(0, len(self.text))] if self.chunks is None else [(int(a), int(b)) for a, b in self.chunks]
+
+
+class SparseRows(NamedTuple):
+    """Sparse vectors, a row per chunk, as CSR arrays: row i's non-zero dimensions are
+    indices[indptr[i]:indptr[i + 1]] (ascending), their values values[indptr[i]:indptr[i + 1]]."""
+
+    indptr: np.ndarray  # int64, rows + 1, from 0
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+
+    @property
+    def rows(self) -> int:
+        return len(self.indptr) - 1
 
 
 def vector_rows(documents: list[Document]) -> int:
@@ -120,13 +141,18 @@ class SearchParams:
     with_metadata: bool = True
     with_vector: bool = False
     with_chunks: bool = False  # each hit lists every chunk of its document among the candidates (Hit.chunks)
-    # dense: by the query vectors; lexical: BM25 over the stored texts, by `texts`; hybrid: both rankings
-    # (`candidates` of each, at least k) fused by reciprocal rank: weight / (rrf_k + rank) summed
+    # dense: by the query vectors; lexical: BM25 over the stored texts, by `texts`; sparse: dot product with the
+    # stored sparse vectors, by `sparse_queries`; hybrid: the dense ranking and those of the lexical index and the
+    # sparse vectors the collection has (`candidates` of each, at least k) fused by reciprocal rank:
+    # weight / (rrf_k + rank) summed
     mode: str = "dense"
-    texts: list[str] | None = None  # the queries' text (lexical and hybrid)
+    texts: list[str] | None = None  # the queries' text (lexical, and hybrid on a lexical collection)
+    # the queries' sparse vectors: (indices, values) each (sparse, and hybrid on a collection with sparse vectors)
+    sparse_queries: list[tuple[list[int], list[float]]] | None = None
     rrf_k: int = 60
     dense_weight: float = 1.0
     lexical_weight: float = 1.0
+    sparse_weight: float = 1.0
     candidates: int | None = None  # None: lexical.DEFAULT_CANDIDATES
 
 
@@ -138,13 +164,15 @@ class VectorIndex(Protocol):
     - create_collection: CollectionExists unless exist_ok and the existing one has the same dimension.
     - upsert: an id already present is replaced (vectors, text and metadata); one call's ids are distinct;
       vectors has one row per chunk (Document.rows), documents in order; a document is all its chunks or none.
+      `sparse`: a row per chunk too, given exactly when the collection keeps sparse vectors (sparse_model).
     - get: the records found, in the order asked; unknown ids are left out.
     - delete: by ids (unknown ones ignored) or by filter, exactly one of them; count = documents removed.
     - search: per query, up to k documents by descending score of their best chunk (its span: Hit.start,
       end), only those passing the filter (applied before ranking, so never short when enough documents
       match) and score >= score_threshold;
       text/metadata/vector filled as SearchParams asks, None otherwise. `queries` may be None for
-      mode lexical; a mode the collection cannot search (no lexical index) is an InvalidRequest.
+      mode lexical and sparse; a mode the collection cannot search (no lexical index, no sparse vectors) is an
+      InvalidRequest.
     - every write returns WriteResult: what it changed, the sequence number now durable, the new total.
     - an unknown collection: CollectionNotFound.
     """
@@ -157,7 +185,8 @@ class VectorIndex(Protocol):
 
     def info(self, name: str) -> CollectionInfo: ...
 
-    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult: ...
+    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray,
+               sparse: SparseRows | None = None) -> WriteResult: ...
 
     def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[Record]: ...
 

@@ -12,23 +12,26 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import scipy.sparse as sp
 
-from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams
+from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams, SparseRows
 from service.index.filters import parse_filter
-from service.index.lexical import DEFAULT_CANDIDATES, REBUILD_AT, LexicalIndex, fuse
+from service.index.lexical import DEFAULT_CANDIDATES, LexicalIndex, fuse
 from service.index.metadata import MetadataIndex
+from service.index.sparse import SparseStore
 from service.index.vectors import DEFAULT_OVERSAMPLE, LiveRows, VectorSet
 
 
 class Collection:
     def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto",
-                 oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None,
-                 lexical_rebuild: float = REBUILD_AT):
+                 oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None):
         self.spec = spec
         self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu,
                                  quantization=spec.quantization, oversample=oversample, float_dir=float_dir)
@@ -36,8 +39,9 @@ class Collection:
         self._spans: list[tuple[int, int]] = []  # by slot: the chunk's span in its document's text
         self._slot_of: dict[str, int] = {}  # id → its first slot; its other chunks' follow it
         self._metadata = MetadataIndex()  # filters as numpy masks over slots
-        self._background, self._lexical_rebuild = background, lexical_rebuild
-        self.lexical = self._new_lexical() if spec.lexical else None  # BM25 over the items' text (opt-in)
+        self.lexical = LexicalIndex() if spec.lexical else None  # BM25 over the items' text (opt-in)
+        # a sparse model's vector per slot (opt-in)
+        self.sparse = SparseStore(spec.sparse_dimension) if spec.sparse_model is not None else None
         self.sequence = 0
         self.frozen: str | None = None  # why writes are refused for now (a re-embed is reading it)
         # A filter's allowed slots are cached until the next change (`_version` moves after a write is
@@ -53,11 +57,12 @@ class Collection:
     def info(self) -> CollectionInfo:
         s = self.spec
         return CollectionInfo(s.name, s.dimension, s.index_type, s.model, len(self), self.sequence,
-                              self.vectors.ann_ready, s.quantization, s.lexical)
+                              self.vectors.ann_ready, s.quantization, s.lexical, s.sparse_model, s.sparse_dimension)
 
     # writes (the committer thread, after the log holds them) ------------------------------------
 
-    def upsert(self, documents: list[Document], vectors: np.ndarray) -> None:
+    def upsert(self, documents: list[Document], vectors: np.ndarray, sparse: SparseRows | None = None) -> None:
+        """`sparse`: the chunks' sparse vectors, given exactly when the collection keeps them (LocalIndex checks)."""
         self._remove([d.id for d in documents])
         slots = self.vectors.append(vectors)
         by_slot = [d for d in documents for _ in range(d.rows)]
@@ -71,6 +76,8 @@ class Collection:
             self._metadata.add(int(slots[0]), [d.metadata for d in by_slot], self.vectors.live_flags())
             if self.lexical is not None:  # after the documents: a slot the lexical index holds has its document
                 self.lexical.add(int(slots[0]), [d.text[a:b] for d in documents for a, b in d.spans()])  # by chunk
+            if self.sparse is not None and sparse is not None:  # the same slots as the chunks' dense vectors
+                self.sparse.append(int(slots[0]), sparse, self.vectors.live_flags())
         self._version += 1
 
     def delete(self, ids: list[str]) -> int:
@@ -89,23 +96,6 @@ class Collection:
 
     def close(self) -> None:
         self.vectors.close()
-        if self.lexical is not None:
-            self.lexical.close()
-
-    def _new_lexical(self) -> LexicalIndex:
-        return LexicalIndex(self._live_texts, self._lexical_rebuild, self._background)
-
-    def _live_texts(self, end: int) -> tuple[list[int], list[str]]:
-        """The live items' slots and texts below slot `end`, for the lexical index's rebuild (in its thread:
-        a slot's document is only ever set to None, after its span was written)."""
-        slots, texts = [], []
-        for slot in range(end):
-            doc = self._docs[slot]
-            if doc is not None:
-                start, stop = self._spans[slot]
-                slots.append(slot)
-                texts.append(doc.text[start:stop])
-        return slots, texts
 
     # reads ------------------------------------------------------------------------------------
 
@@ -209,15 +199,26 @@ class Collection:
         if params.mode == "dense":
             assert queries is not None
             return self._dense(queries, params.k, params, allowed)
-        assert self.lexical is not None and params.texts is not None
-        k = params.k if params.mode == "lexical" else max(params.k, params.candidates or DEFAULT_CANDIDATES)
-        lexical = self.lexical.search(params.texts, k, allowed)
         if params.mode == "lexical":
-            return lexical
+            assert self.lexical is not None and params.texts is not None
+            return self.lexical.search(params.texts, params.k, allowed)
+        if params.mode == "sparse":
+            return self._sparse(params, params.k, allowed)
         assert queries is not None
-        dense = self._dense(queries, k, params, allowed)
-        return [fuse([(d_slots, params.dense_weight), (l_slots, params.lexical_weight)], params.k, params.rrf_k)
-                for (_, d_slots), (_, l_slots) in zip(dense, lexical)]
+        k = max(params.k, params.candidates or DEFAULT_CANDIDATES)
+        # hybrid: the dense ranking and each other one the collection keeps, with its weight
+        rankings = [[(slots, params.dense_weight) for _, slots in self._dense(queries, k, params, allowed)]]
+        if self.lexical is not None:
+            assert params.texts is not None
+            rankings.append([(slots, params.lexical_weight) for _, slots in self.lexical.search(params.texts, k,
+                                                                                                allowed)])
+        if self.sparse is not None:
+            rankings.append([(slots, params.sparse_weight) for _, slots in self._sparse(params, k, allowed)])
+        return [fuse(list(per_query), params.k, params.rrf_k) for per_query in zip(*rankings)]
+
+    def _sparse(self, params: SearchParams, k: int, allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        assert self.sparse is not None and params.sparse_queries is not None
+        return self.sparse.search(params.sparse_queries, k, self.vectors.live_flags(), allowed)
 
     def _dense(self, queries: np.ndarray, k: int, params: SearchParams,
                allowed: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -227,9 +228,10 @@ class Collection:
 
     # snapshots --------------------------------------------------------------------------------
 
-    def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int, np.ndarray | None]:
+    def capture(self) -> tuple[CollectionSpec, LiveRows, np.ndarray, list[Document], int, np.ndarray | None,
+                               Callable[[np.ndarray], sp.csr_array] | None]:
         """(spec, vectors, live rows, their documents (each once: its chunks are consecutive rows), sequence,
-        int8 ranges), called by the committer
+        int8 ranges, what gives the sparse vectors of rows as the store holds them now), called by the committer
         between writes; the snapshot thread gathers vectors[rows] later (VectorSet.view: written rows
         never change, and the structure holding some of them is kept as it is now)."""
         vectors, live = self.vectors.view()
@@ -237,4 +239,7 @@ class Collection:
         docs = self._docs[: len(live)]
         # a live slot holds its document; a document's chunks are consecutive slots, all live or all dead
         live_docs = cast(list[Document], [docs[r] for r in rows.tolist() if r == 0 or docs[r - 1] is not docs[r]])
-        return self.spec, vectors, rows, live_docs, self.sequence, self.vectors.ranges
+        sparse = None
+        if self.sparse is not None:
+            sparse = partial(self.sparse.rows, self.sparse.view())
+        return self.spec, vectors, rows, live_docs, self.sequence, self.vectors.ranges, sparse

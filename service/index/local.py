@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import scipy.sparse as sp
 
 from service.index.base import (
+    SEARCH_MODES,
     CollectionExists,
     CollectionInfo,
     CollectionNotFound,
@@ -46,13 +48,20 @@ from service.index.base import (
     NotDurable,
     Record,
     SearchParams,
+    SparseRows,
     WriteResult,
     vector_rows,
 )
 from service.index.collection import Collection
 from service.index.filters import parse_filter
-from service.index.lexical import MODES, REBUILD_AT
-from service.index.validation import check_chunks, check_collection_name, check_id, check_metadata, check_vectors
+from service.index.validation import (
+    check_chunks,
+    check_collection_name,
+    check_id,
+    check_metadata,
+    check_sparse,
+    check_vectors,
+)
 from service.index.vectors import DEFAULT_OVERSAMPLE, check_oversample, check_quantization, parse_index_type
 from service.index.wal import CorruptLog, WriteAheadLog, fsync_dir
 
@@ -78,7 +87,30 @@ def _create_op(spec: CollectionSpec, exist_ok: bool) -> dict[str, Any]:
           "model": asdict(spec.model) if spec.model else None, "exist_ok": exist_ok, "q": spec.quantization}
     if spec.lexical:  # only then: logs written before lexical indexes replay unchanged
         op["lex"] = True
+    if spec.sparse_model is not None:  # likewise: logs from before sparse vectors replay unchanged
+        op["sparse"], op["sdim"] = asdict(spec.sparse_model), spec.sparse_dimension
     return op
+
+
+def _spec(name: str, dimension: int, index_type: str, model: dict | None, quantization: str, lexical: bool,
+          sparse_model: dict | None, sparse_dimension: int) -> CollectionSpec:
+    """A collection's spec as a log record or a snapshot's manifest holds it."""
+    return CollectionSpec(name, dimension, index_type, _stamp(model), quantization, lexical, _stamp(sparse_model),
+                          sparse_dimension)
+
+
+def _sparse_blob(sparse: SparseRows) -> bytes:
+    """A write's sparse vectors after its dense ones in its log record: indptr (int64), indices (int32), values."""
+    return sparse.indptr.tobytes() + sparse.indices.tobytes() + sparse.values.tobytes()
+
+
+def _sparse_from(blob: bytes, rows: int, nnz: int) -> SparseRows:
+    indptr = np.frombuffer(blob, np.int64, rows + 1)
+    indices = np.frombuffer(blob, np.int32, nnz, (rows + 1) * 8)
+    values = np.frombuffer(blob, np.float32, nnz, (rows + 1) * 8 + nnz * 4)
+    if (rows + 1) * 8 + nnz * 8 != len(blob) or indptr[-1] != nnz:
+        raise CorruptLog(f"a write's sparse vectors: {len(blob)} bytes for {rows} rows of {nnz} entries")
+    return SparseRows(indptr, indices, values)
 
 
 def _doc_entry(d: Document) -> list:
@@ -97,13 +129,8 @@ def _stamp(model: dict | None) -> ModelStamp | None:
 class LocalIndex:
     def __init__(self, path: str | Path | None = None, fsync: bool = True, snapshot_every_ops: int = 10_000,
                  snapshot_every_s: float = 300.0, background: bool = True, gpu: str = "auto",
-                 oversample: int = DEFAULT_OVERSAMPLE, float_vectors: Literal["memory", "disk"] = "memory",
-                 lexical_rebuild: float = REBUILD_AT):
+                 oversample: int = DEFAULT_OVERSAMPLE, float_vectors: Literal["memory", "disk"] = "memory"):
         self.path = Path(path) if path else None
-        if not 0 <= lexical_rebuild <= 1:
-            raise ValueError(f"lexical_rebuild is a fraction between 0 and 1, not {lexical_rebuild}")
-        # lexical indexes are rebuilt from the live items once deleted ones are over this fraction (lexical.py)
-        self.lexical_rebuild = lexical_rebuild
         self.gpu = gpu  # auto: Flat and IVF search on a GPU when FAISS has one (gpu.py); off: never
         check_oversample(oversample)
         self.oversample = oversample  # quantized collections: candidates rescored per hit, unless a search says
@@ -160,7 +187,8 @@ class LocalIndex:
     def info(self, name: str) -> CollectionInfo:
         return self._get(name).info()
 
-    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult:
+    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray,
+               sparse: SparseRows | None = None) -> WriteResult:
         collection = self._get(name)
         seen = set()
         for d in documents:
@@ -171,9 +199,18 @@ class LocalIndex:
                 raise InvalidRequest(f"document id {d.id!r} appears twice in one write")
             seen.add(d.id)
         vectors = check_vectors(vectors, vector_rows(documents), collection.spec.dimension)
-        # one record holds every chunk of every document: replay applies a document whole or not at all
-        op = {"op": "upsert", "c": name, "docs": [_doc_entry(d) for d in documents]}
-        return self._submit(op, vectors.tobytes())
+        # one record holds every chunk of every document (and its sparse vector): replay applies a document whole
+        # or not at all
+        op: dict[str, Any] = {"op": "upsert", "c": name, "docs": [_doc_entry(d) for d in documents]}
+        spec = collection.spec
+        if (sparse is None) != (spec.sparse_model is None):
+            raise InvalidRequest(f"collection {name!r} keeps sparse vectors: a write brings one per chunk"
+                                 if sparse is None else f"collection {name!r} keeps no sparse vectors")
+        if sparse is None:
+            return self._submit(op, vectors.tobytes())
+        sparse = check_sparse(sparse, len(vectors), spec.sparse_dimension)
+        op["sp"] = len(sparse.indices)
+        return self._submit(op, vectors.tobytes() + _sparse_blob(sparse))
 
     def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[Record]:
         return self._get(name).get(ids, with_vector)
@@ -193,8 +230,8 @@ class LocalIndex:
         collection = self._get(name)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
-        check_search_mode(name, collection.spec.lexical, params)
-        if params.mode != "lexical":
+        check_search_mode(name, collection.spec, params)
+        if params.mode not in ("lexical", "sparse"):
             if queries is None:
                 raise InvalidRequest(f"mode {params.mode!r} needs query vectors")
             queries = check_vectors(queries, len(queries), collection.spec.dimension)
@@ -217,8 +254,8 @@ class LocalIndex:
             if staging.name in self._collections:
                 self._submit({"op": "drop", "c": staging.name})
             self._submit(_create_op(staging, exist_ok=False))
-            for documents, vectors in batches:
-                self.upsert(staging.name, documents, vectors)
+            for documents, vectors, *sparse in batches:  # (documents, vectors[, sparse vectors])
+                self.upsert(staging.name, documents, vectors, *sparse)
             return self._submit({"op": "rename", "c": staging.name, "to": spec.name})
         finally:
             target.frozen = None
@@ -243,7 +280,7 @@ class LocalIndex:
 
     def _new_collection(self, spec: CollectionSpec) -> Collection:
         return Collection(spec, background=self._background, gpu=self.gpu, oversample=self.oversample,
-                          float_dir=self._float_dir, lexical_rebuild=self.lexical_rebuild)
+                          float_dir=self._float_dir)
 
     def _get(self, name: str) -> Collection:
         collection = self._collections.get(name)
@@ -353,8 +390,8 @@ class LocalIndex:
         self._since_snapshot += 1
         kind, name = op["op"], op["c"]
         if kind == "create":
-            spec = CollectionSpec(name, op["dim"], op["type"], _stamp(op["model"]), op.get("q", "none"),
-                                  op.get("lex", False))
+            spec = _spec(name, op["dim"], op["type"], op["model"], op.get("q", "none"), op.get("lex", False),
+                         op.get("sparse"), op.get("sdim", 0))
             self._collections[name] = self._new_collection(spec)
             self._collections[name].sequence = seq
             return 0
@@ -366,8 +403,11 @@ class LocalIndex:
         collection.sequence = seq
         if kind == "upsert":
             docs = [Document(*entry) for entry in op["docs"]]
-            vectors = np.frombuffer(blob, dtype=np.float32).reshape(vector_rows(docs), collection.spec.dimension)
-            collection.upsert(docs, vectors)
+            rows = vector_rows(docs)
+            dense = rows * collection.spec.dimension * 4
+            vectors = np.frombuffer(blob, dtype=np.float32, count=rows * collection.spec.dimension)
+            sparse = _sparse_from(blob[dense:], rows, op["sp"]) if "sp" in op else None
+            collection.upsert(docs, vectors.reshape(rows, collection.spec.dimension), sparse)
             return len(docs)
         if kind == "delete":
             return collection.delete(op["ids"])
@@ -465,7 +505,7 @@ class LocalIndex:
     @staticmethod
     def _write_files(tmp: Path, seq: int, state) -> None:
         manifest: dict[str, Any] = {"sequence": seq, "collections": []}
-        for i, (spec, vectors, rows, docs, sequence, ranges) in enumerate(state):
+        for i, (spec, vectors, rows, docs, sequence, ranges, sparse) in enumerate(state):
             with open(tmp / f"{i}.npy", "wb") as f:
                 np.save(f, vectors[rows])
                 f.flush()
@@ -480,11 +520,18 @@ class LocalIndex:
                     np.save(f, ranges)
                     f.flush()
                     os.fsync(f.fileno())
+            if sparse is not None:  # the live rows' sparse vectors, in the order of {i}.npy's
+                with open(tmp / f"{i}.sparse.npz", "wb") as f:
+                    sp.save_npz(f, sparse(rows), compressed=False)
+                    f.flush()
+                    os.fsync(f.fileno())
             manifest["collections"].append({"file": i, "name": spec.name, "dimension": spec.dimension,
                                             "index_type": spec.index_type, "sequence": sequence,
                                             "model": asdict(spec.model) if spec.model else None,
                                             "quantization": spec.quantization, "ranges": ranges is not None,
-                                            "lexical": spec.lexical})
+                                            "lexical": spec.lexical,
+                                            "sparse_model": asdict(spec.sparse_model) if spec.sparse_model else None,
+                                            "sparse_dimension": spec.sparse_dimension})
         with open(tmp / "manifest.json", "w") as f:
             json.dump(manifest, f)
             f.flush()
@@ -513,8 +560,9 @@ class LocalIndex:
     def _load_snapshot(self, folder: Path) -> int:
         manifest = json.loads((folder / "manifest.json").read_text())
         for entry in manifest["collections"]:
-            spec = CollectionSpec(entry["name"], entry["dimension"], entry["index_type"], _stamp(entry["model"]),
-                                  entry.get("quantization", "none"), entry.get("lexical", False))
+            spec = _spec(entry["name"], entry["dimension"], entry["index_type"], entry["model"],
+                         entry.get("quantization", "none"), entry.get("lexical", False), entry.get("sparse_model"),
+                         entry.get("sparse_dimension", 0))
             collection = self._new_collection(spec)
             if entry.get("ranges"):  # trained before this snapshot: the same ranges, not retrained from it
                 collection.vectors.set_ranges(np.load(folder / f"{entry['file']}.ranges.npy", allow_pickle=False))
@@ -524,8 +572,17 @@ class LocalIndex:
             if vector_rows(docs) != len(vectors):
                 raise CorruptLog(f"snapshot {folder}: {len(docs)} documents with {vector_rows(docs)} chunks for "
                                  f"{len(vectors)} vectors")
+            sparse = None
+            if spec.sparse_model is not None:
+                matrix = sp.csr_array(sp.load_npz(folder / f"{entry['file']}.sparse.npz"))
+                if matrix.shape != (len(vectors), spec.sparse_dimension):
+                    raise CorruptLog(f"snapshot {folder}: sparse vectors of shape {matrix.shape} for {len(vectors)} "
+                                     f"vectors of a {spec.sparse_dimension}-dimension sparse model")
+                matrix.sort_indices()
+                sparse = SparseRows(matrix.indptr.astype(np.int64), matrix.indices.astype(np.int32),
+                                    matrix.data.astype(np.float32))
             if docs:
-                collection.upsert(docs, vectors)
+                collection.upsert(docs, vectors, sparse)
             collection.sequence = entry.get("sequence", manifest["sequence"])
             self._collections[spec.name] = collection
         self._seq = manifest["sequence"]
@@ -533,19 +590,35 @@ class LocalIndex:
 
 
 
-def check_search_mode(name: str, lexical: bool, params: SearchParams) -> None:
-    """The search's mode and fusion options, against what collection `name` holds (a lexical index or not)."""
-    if params.mode not in MODES:
-        raise InvalidRequest(f"unknown search mode {params.mode!r}: use one of {', '.join(MODES)}")
+def check_search_mode(name: str, spec: CollectionSpec, params: SearchParams) -> None:
+    """The search's mode and fusion options, against what collection `name` holds (a lexical index, sparse
+    vectors, or neither)."""
+    if params.mode not in SEARCH_MODES:
+        raise InvalidRequest(f"unknown search mode {params.mode!r}: use one of {', '.join(SEARCH_MODES)}")
     if params.mode == "dense":
         return
-    if not lexical:
-        raise InvalidRequest(f"collection {name!r} has no lexical index, so mode {params.mode!r} cannot search it: "
-                             "create the collection with \"lexical\": true, or search with mode 'dense'")
-    if params.texts is None:
+    lexical, sparse = spec.lexical, spec.sparse_model is not None
+    if params.mode == "lexical" and not lexical or params.mode == "hybrid" and not (lexical or sparse):
+        lacks = "no lexical index" if params.mode == "lexical" else "no lexical index and no sparse vectors"
+        raise InvalidRequest(f"collection {name!r} has {lacks}, "
+                             f"so mode {params.mode!r} cannot search it: create the collection with \"lexical\": "
+                             "true (or a \"sparse_model\"), or search with mode 'dense'")
+    if params.mode == "sparse" and not sparse:
+        raise InvalidRequest(f"collection {name!r} has no sparse vectors, so mode 'sparse' cannot search it: create "
+                             "the collection with \"sparse_model\": <a served sparse model>, or search with mode "
+                             "'dense'" + (" or 'lexical'" if lexical else ""))
+    if lexical and params.mode in ("lexical", "hybrid") and params.texts is None:
         raise InvalidRequest(f"mode {params.mode!r} searches by text: give the query as text")
+    if sparse and params.mode in ("sparse", "hybrid") and params.sparse_queries is None:
+        raise InvalidRequest(f"mode {params.mode!r} searches by the query's sparse vector: give the query as text")
     if params.rrf_k < 1 or (params.candidates is not None and params.candidates < 1):
         raise InvalidRequest("fusion: k and candidates must be at least 1")
-    weights = (params.dense_weight, params.lexical_weight)
-    if not all(np.isfinite(w) and w >= 0 for w in weights) or not any(weights):
-        raise InvalidRequest("fusion: dense_weight and lexical_weight must be finite, >= 0, and not both 0")
+    weights = {"dense_weight": params.dense_weight, "lexical_weight": params.lexical_weight,
+               "sparse_weight": params.sparse_weight}
+    if not all(np.isfinite(w) and w >= 0 for w in weights.values()):
+        raise InvalidRequest("fusion: dense_weight, lexical_weight and sparse_weight must be finite and >= 0")
+    if params.mode == "hybrid":
+        used = ["dense_weight"] + ["lexical_weight"] * lexical + ["sparse_weight"] * sparse
+        if not any(weights[w] for w in used):
+            raise InvalidRequest(f"fusion: {' and '.join(used)} cannot all be 0 (the rankings collection {name!r} "
+                                 "fuses)")

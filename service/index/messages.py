@@ -10,8 +10,10 @@ the wire.
 Arrays (the vectors of a write, the queries of a search) travel as raw buffers: the header describes each one
 (`Array`: dtype and shape) and its bytes follow as a frame of their own, in the order of the header's fields.
 
-    Upsert   [header, vectors]           Search [header, queries (none for a lexical search)]
-    Feed     [header, vectors]           any other request or answer: [header]
+    Upsert   [header, vectors(, indptr, indices, values)]    Search [header, queries (none: lexical, sparse)]
+    Feed     [header, vectors(, indptr, indices, values)]    any other request or answer: [header]
+
+(the three arrays after a write's vectors: its sparse vectors, where the collection keeps them: base.SparseRows)
 
 Two calls stream: `Scan` opens a stream whose pages `Next` pulls, `Replace` one that `Feed` pushes batches
 into and `End` finishes (or `Abort` abandons).
@@ -27,7 +29,16 @@ from typing import Any, TypeVar
 import msgspec
 import numpy as np
 
-from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams, WriteResult
+from service.index.base import (
+    CollectionInfo,
+    CollectionSpec,
+    Document,
+    Hit,
+    Record,
+    SearchParams,
+    SparseRows,
+    WriteResult,
+)
 from service.ipc.stream import Buffer
 
 
@@ -73,6 +84,27 @@ class Array(msgspec.Struct, array_like=True, frozen=True):
     shape: tuple[int, ...]
 
 
+class SparseArrays(msgspec.Struct, array_like=True, frozen=True):
+    """A write's sparse vectors (base.SparseRows): three arrays, each a frame of its own after the vectors'."""
+
+    indptr: Array
+    indices: Array
+    values: Array
+
+
+def sparse_arrays(rows: SparseRows | None) -> tuple[SparseArrays | None, list[Buffer]]:
+    """A write's sparse vectors for its header, and their bytes for the frames after its vectors'."""
+    if rows is None:
+        return None, []
+    described, data = zip(*(array(a) for a in rows))
+    return SparseArrays(*described), list(data)
+
+
+def sparse_rows(arrays: list[np.ndarray]) -> SparseRows | None:
+    """The sparse vectors a write's arrays after its vectors hold, if any."""
+    return SparseRows(*arrays[1:4]) if len(arrays) == 4 else None
+
+
 # --- requests ---------------------------------------------------------------------------------------
 
 
@@ -97,6 +129,7 @@ class Upsert(msgspec.Struct, tag=Op.UPSERT.value, array_like=True, frozen=True):
     name: str
     documents: list[Document]
     vectors: Array
+    sparse: SparseArrays | None = None
 
 
 class Get(msgspec.Struct, tag=Op.GET.value, array_like=True, frozen=True):
@@ -138,6 +171,7 @@ class Feed(msgspec.Struct, tag=Op.FEED.value, array_like=True, frozen=True):
     stream: int
     documents: list[Document]
     vectors: Array
+    sparse: SparseArrays | None = None
 
 
 class Abort(msgspec.Struct, tag=Op.ABORT.value, array_like=True, frozen=True):
@@ -233,6 +267,9 @@ def decode_request(frames: Sequence[Buffer]) -> tuple[Request, list[np.ndarray]]
     request = _decode_request(head)
     described = [value for value in (getattr(request, f) for f in request.__struct_fields__)
                  if isinstance(value, Array)]
+    sparse = getattr(request, "sparse", None)
+    if sparse is not None:
+        described += [sparse.indptr, sparse.indices, sparse.values]
     if len(described) != len(buffers):
         raise msgspec.ValidationError(f"{type(request).__name__} describes {len(described)} array(s) and "
                                       f"{len(buffers)} came")

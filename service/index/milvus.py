@@ -68,6 +68,7 @@ from service.index.base import (
     NotDurable,
     Record,
     SearchParams,
+    SparseRows,
     VectorIndexError,
     WriteResult,
 )
@@ -293,7 +294,10 @@ class MilvusIndex:
     def info(self, name: str) -> CollectionInfo:
         return self._info(name, self._describe(name))
 
-    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray) -> WriteResult:
+    def upsert(self, name: str, documents: list[Document], vectors: np.ndarray,
+               sparse: SparseRows | None = None) -> WriteResult:
+        if sparse is not None:  # no collection here keeps them (_check_spec)
+            raise InvalidRequest(f"collection {name!r} keeps no sparse vectors")
         desc = self._describe_for_write(name)
         self._upsert_rows(desc, documents, vectors)
         return self._written(desc, len(documents))
@@ -335,8 +339,9 @@ class MilvusIndex:
         desc = self._describe(name)
         dimension, physical = _dimension(desc), desc["collection_name"]
         if params.mode != "dense":
-            raise InvalidRequest(f"search mode {params.mode!r} needs a lexical index, which the milvus backend does "
-                                 "not keep: use mode 'dense', or the local index (docs/hybrid-search.md)")
+            raise InvalidRequest(f"search mode {params.mode!r} needs a lexical index or sparse vectors, which the "
+                                 "milvus backend does not keep: use mode 'dense', or the local index "
+                                 "(docs/hybrid-search.md)")
         queries = check_vectors(queries, -1 if queries is None else len(queries), dimension)
         if params.k < 1:
             raise InvalidRequest("k must be at least 1")
@@ -423,6 +428,10 @@ class MilvusIndex:
         if spec.lexical:
             raise InvalidRequest("lexical indexes (search modes lexical and hybrid) are not available on the milvus "
                                  "backend: create the collection without lexical, or use the local index")
+        if spec.sparse_model is not None:
+            raise InvalidRequest("sparse vectors (sparse_model: search modes sparse and hybrid) are not available on "
+                                 "the milvus backend: create the collection without sparse_model, or use the local "
+                                 "index")
         if not isinstance(spec.dimension, int) or not 1 <= spec.dimension <= 32_768:
             raise InvalidRequest(f"dimension must be between 1 and 32768 (Milvus's limit), not {spec.dimension}")
         if check_quantization(spec.quantization, parse_index_type(spec.index_type, spec.dimension)) == "binary":

@@ -37,8 +37,9 @@ log = logging.getLogger("sembed.index")
 
 _ERRORS = {c.__name__: c for c in (base.VectorIndexError, base.CollectionNotFound, base.CollectionExists,
                                     base.ModelMismatch, base.InvalidRequest, base.NotDurable)}
-#: what replace_collection takes: documents and their vectors, a row per chunk
-_Batch = tuple[list[base.Document], np.ndarray]
+#: what replace_collection takes: documents and their vectors, a row per chunk (and their sparse vectors, where the
+#: collection keeps them)
+_Batch = tuple[list[base.Document], np.ndarray] | tuple[list[base.Document], np.ndarray, base.SparseRows]
 
 
 class IndexClient:
@@ -90,9 +91,12 @@ class IndexClient:
     def info(self, name: str) -> base.CollectionInfo:
         return self._call(m.Info(name), m.Collection).info
 
-    def upsert(self, name: str, documents: list[base.Document], vectors: np.ndarray) -> base.WriteResult:
+    def upsert(self, name: str, documents: list[base.Document], vectors: np.ndarray,
+               sparse: base.SparseRows | None = None) -> base.WriteResult:
         described, data = m.array(np.asarray(vectors))
-        return self._call(m.Upsert(name, documents, described), m.Written, data).result
+        sparse_described, sparse_data = m.sparse_arrays(sparse)
+        return self._call(m.Upsert(name, documents, described, sparse_described), m.Written, data,
+                          *sparse_data).result
 
     def get(self, name: str, ids: list[str], with_vector: bool = False) -> list[base.Record]:
         return self._call(m.Get(name, ids, with_vector), m.Records).records
@@ -118,9 +122,10 @@ class IndexClient:
     def replace_collection(self, spec: base.CollectionSpec, batches: Iterable[_Batch]) -> base.WriteResult:
         stream = self._call(m.Replace(spec), m.Opened).stream
         try:
-            for documents, vectors in batches:
+            for documents, vectors, *sparse in batches:  # (documents, vectors[, sparse vectors])
                 described, data = m.array(np.asarray(vectors))
-                self._call(m.Feed(stream, documents, described), m.Taken, data)
+                sparse_described, sparse_data = m.sparse_arrays(sparse[0] if sparse else None)
+                self._call(m.Feed(stream, documents, described, sparse_described), m.Taken, data, *sparse_data)
         except BaseException:
             self._call(m.Abort(stream), m.Taken)
             raise
@@ -157,7 +162,8 @@ class IndexServer:
             m.DropCollection: lambda r, _: m.Written(index.drop_collection(r.name)),
             m.ListCollections: lambda r, _: m.Collections(index.list_collections()),
             m.Info: lambda r, _: m.Collection(index.info(r.name)),
-            m.Upsert: lambda r, arrays: m.Written(index.upsert(r.name, r.documents, arrays[0])),
+            m.Upsert: lambda r, arrays: m.Written(index.upsert(r.name, r.documents, arrays[0],
+                                                               m.sparse_rows(arrays))),
             m.Get: lambda r, _: m.Records(index.get(r.name, r.ids, r.with_vector)),
             m.Delete: lambda r, _: m.Written(index.delete(r.name, ids=r.ids, filter=r.filter)),
             m.Clear: lambda r, _: m.Written(index.clear(r.name)),
@@ -273,7 +279,9 @@ class IndexServer:
 
     def _feed(self, request: m.Feed, arrays: list[np.ndarray]) -> m.Taken:
         replacement = self._replacement(request.stream)
-        if not self._put(replacement, (request.documents, arrays[0])):  # the client aborts it next
+        sparse = m.sparse_rows(arrays)
+        batch: _Batch = (request.documents, arrays[0]) if sparse is None else (request.documents, arrays[0], sparse)
+        if not self._put(replacement, batch):  # the client aborts it next
             replacement[1].result()  # raises what stopped it
             raise base.VectorIndexError("the replacement stopped taking batches")
         return m.Taken()

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from service.index.base import InvalidRequest
+from service.index.base import InvalidRequest, SparseRows
 
 # Letters, digits and _-.:@, not starting with a dot: no '/', so an id is one path segment, and no
 # '.' or '..', which HTTP clients normalise away (DELETE /index/documents/.. became DELETE /index).
@@ -103,3 +103,29 @@ def check_chunks(doc_id: str, text: str, chunks: Any) -> None:
                 or not 0 <= span[0] <= span[1] <= len(text)):
             raise InvalidRequest(f"chunks of {doc_id!r}: {str(span)[:40]} is not a [start, end] span inside its "
                                  f"text of {len(text)} characters")
+
+
+def check_sparse(sparse: Any, rows: int, dimension: int) -> SparseRows:
+    """A write's sparse vectors: `rows` CSR rows of indices in [0, dimension), ascending and distinct within a
+    row, and finite values."""
+    try:
+        indptr, indices, values = (np.asarray(a) for a in sparse)
+    except (TypeError, ValueError):
+        raise InvalidRequest("sparse vectors are (indptr, indices, values) arrays") from None
+    if indptr.shape != (rows + 1,) or indices.ndim != 1 or values.shape != indices.shape:
+        raise InvalidRequest(f"expected sparse vectors of {rows} rows, got indptr of shape {indptr.shape} with "
+                             f"{indices.shape} indices and {values.shape} values")
+    indptr = indptr.astype(np.int64, copy=False)
+    if indptr[0] != 0 or indptr[-1] != len(indices) or (np.diff(indptr) < 0).any():
+        raise InvalidRequest("sparse vectors: indptr must rise from 0 to the number of indices")
+    if len(indices) and (indices.min() < 0 or indices.max() >= dimension):
+        raise InvalidRequest(f"sparse vectors: an index outside the model's {dimension} dimensions")
+    step = np.diff(indices.astype(np.int64)) > 0  # within a row: ascending, distinct
+    step[indptr[1:-1][(indptr[1:-1] > 0) & (indptr[1:-1] < len(indices))] - 1] = True  # a row's start may step down
+    if not step.all():
+        raise InvalidRequest("sparse vectors: each row's indices must be ascending and distinct")
+    values = values.astype(np.float32, copy=False)
+    if not np.isfinite(values).all():
+        raise InvalidRequest("sparse vectors must hold finite numbers (no NaN or infinity)")
+    return SparseRows(np.ascontiguousarray(indptr), np.ascontiguousarray(indices, dtype=np.int32),
+                      np.ascontiguousarray(values))
