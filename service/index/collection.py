@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 from service.index.base import CollectionInfo, CollectionSpec, Document, Hit, Record, SearchParams, SparseRows
 from service.index.filters import parse_filter
-from service.index.lexical import DEFAULT_CANDIDATES, LexicalIndex, fuse
+from service.index.lexical import DEFAULT_CANDIDATES, REBUILD_AT, LexicalIndex, fuse
 from service.index.metadata import MetadataIndex
 from service.index.sparse import SparseStore
 from service.index.vectors import DEFAULT_OVERSAMPLE, LiveRows, VectorSet
@@ -31,7 +31,8 @@ from service.index.vectors import DEFAULT_OVERSAMPLE, LiveRows, VectorSet
 
 class Collection:
     def __init__(self, spec: CollectionSpec, background: bool = True, gpu: str = "auto",
-                 oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None):
+                 oversample: int = DEFAULT_OVERSAMPLE, float_dir: Path | None = None,
+                 lexical_rebuild: float = REBUILD_AT):
         self.spec = spec
         self.vectors = VectorSet(spec.dimension, spec.index_type, background=background, gpu_mode=gpu,
                                  quantization=spec.quantization, oversample=oversample, float_dir=float_dir)
@@ -39,7 +40,8 @@ class Collection:
         self._spans: list[tuple[int, int]] = []  # by slot: the chunk's span in its document's text
         self._slot_of: dict[str, int] = {}  # id → its first slot; its other chunks' follow it
         self._metadata = MetadataIndex()  # filters as numpy masks over slots
-        self.lexical = LexicalIndex() if spec.lexical else None  # BM25 over the items' text (opt-in)
+        self._background, self._lexical_rebuild = background, lexical_rebuild
+        self.lexical = self._new_lexical() if spec.lexical else None  # BM25 over the items' text (opt-in)
         # a sparse model's vector per slot (opt-in)
         self.sparse = SparseStore(spec.sparse_dimension) if spec.sparse_model is not None else None
         self.sequence = 0
@@ -96,6 +98,23 @@ class Collection:
 
     def close(self) -> None:
         self.vectors.close()
+        if self.lexical is not None:
+            self.lexical.close()
+
+    def _new_lexical(self) -> LexicalIndex:
+        return LexicalIndex(self._live_texts, self._lexical_rebuild, self._background)
+
+    def _live_texts(self, end: int) -> tuple[list[int], list[str]]:
+        """The live items' slots and texts below slot `end`, for the lexical index's rebuild (in its thread:
+        a slot's document is only ever set to None, after its span was written)."""
+        slots, texts = [], []
+        for slot in range(end):
+            doc = self._docs[slot]
+            if doc is not None:
+                start, stop = self._spans[slot]
+                slots.append(slot)
+                texts.append(doc.text[start:stop])
+        return slots, texts
 
     # reads ------------------------------------------------------------------------------------
 

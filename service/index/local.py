@@ -54,6 +54,7 @@ from service.index.base import (
 )
 from service.index.collection import Collection
 from service.index.filters import parse_filter
+from service.index.lexical import REBUILD_AT
 from service.index.validation import (
     check_chunks,
     check_collection_name,
@@ -129,8 +130,13 @@ def _stamp(model: dict | None) -> ModelStamp | None:
 class LocalIndex:
     def __init__(self, path: str | Path | None = None, fsync: bool = True, snapshot_every_ops: int = 10_000,
                  snapshot_every_s: float = 300.0, background: bool = True, gpu: str = "auto",
-                 oversample: int = DEFAULT_OVERSAMPLE, float_vectors: Literal["memory", "disk"] = "memory"):
+                 oversample: int = DEFAULT_OVERSAMPLE, float_vectors: Literal["memory", "disk"] = "memory",
+                 lexical_rebuild: float = REBUILD_AT):
         self.path = Path(path) if path else None
+        if not 0 <= lexical_rebuild <= 1:
+            raise ValueError(f"lexical_rebuild is a fraction between 0 and 1, not {lexical_rebuild}")
+        # lexical indexes are rebuilt from the live items once deleted ones are over this fraction (lexical.py)
+        self.lexical_rebuild = lexical_rebuild
         self.gpu = gpu  # auto: Flat and IVF search on a GPU when FAISS has one (gpu.py); off: never
         check_oversample(oversample)
         self.oversample = oversample  # quantized collections: candidates rescored per hit, unless a search says
@@ -280,7 +286,7 @@ class LocalIndex:
 
     def _new_collection(self, spec: CollectionSpec) -> Collection:
         return Collection(spec, background=self._background, gpu=self.gpu, oversample=self.oversample,
-                          float_dir=self._float_dir)
+                          float_dir=self._float_dir, lexical_rebuild=self.lexical_rebuild)
 
     def _get(self, name: str) -> Collection:
         collection = self._collections.get(name)
