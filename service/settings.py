@@ -123,6 +123,10 @@ class Settings(BaseSettings):
                                     f"`<data_dir>/index`; `{MEMORY_ONLY}`: memory only, lost at exit (said loudly "
                                     "at start)")
     index_type: str = Field("Flat", description="the default collection's index: Flat, HNSW32, IVF1024,SQ8, ...")
+    index_lexical: bool = Field(False, description="local: the default collection (/index/documents, /search) keeps "
+                                "a lexical (BM25) index of its texts, for search modes lexical and hybrid "
+                                "(docs/hybrid-search.md); set on an index that holds documents, it is built from their "
+                                "texts at start, and unset, dropped")
     index_fsync: bool = Field(True, description="fsync the log before answering a write (off: a crash of the "
                               "machine may lose acknowledged writes)")
     index_snapshot_every_ops: int = Field(10_000, ge=1, description="snapshot after this many writes ...")

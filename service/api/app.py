@@ -142,8 +142,9 @@ def prepare_default_collection(index, settings: Settings, model: str, info):
     if not info.gives_embeddings:  # no vectors to index: no default collection (see default_collection)
         return index
     stamp = ModelStamp(model, info.graph_sha256)
-    index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp),
-                            exist_ok=True)
+    # an existing one gains or loses its lexical index as SEMBED_INDEX_LEXICAL says
+    index.create_collection(CollectionSpec(DEFAULT_COLLECTION, info.dimension, settings.index_type, stamp,
+                                           lexical=settings.index_lexical), exist_ok=True)
     current = index.info(DEFAULT_COLLECTION).model
     if current != stamp:
         log.warning("the default collection was embedded by %s, not %s: text requests to it are refused until "

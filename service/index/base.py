@@ -161,7 +161,8 @@ class VectorIndex(Protocol):
 
     - names: collection names match validation.COLLECTION_PATTERN, ids validation.ID_PATTERN,
       metadata passes validation.check_metadata, vectors are (n, dimension), finite: else InvalidRequest.
-    - create_collection: CollectionExists unless exist_ok and the existing one has the same dimension.
+    - create_collection: CollectionExists unless exist_ok and the existing one has the same dimension (the local
+      index then adds or drops the existing one's lexical index to match spec.lexical: SEMBED_INDEX_LEXICAL).
     - upsert: an id already present is replaced (vectors, text and metadata); one call's ids are distinct;
       vectors has one row per chunk (Document.rows), documents in order; a document is all its chunks or none.
       `sparse`: a row per chunk too, given exactly when the collection keeps sparse vectors (sparse_model).

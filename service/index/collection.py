@@ -101,6 +101,18 @@ class Collection:
         if self.lexical is not None:
             self.lexical.close()
 
+    def set_lexical(self, on: bool) -> None:
+        """Build a lexical index of the stored texts, or drop it (the committer thread; the index before the spec
+        when adding, after it when dropping, so a search the spec lets through finds one)."""
+        if on and self.lexical is None:
+            lexical = self._new_lexical()
+            lexical.fill(len(self._docs))
+            self.lexical = lexical
+        self.spec = replace(self.spec, lexical=on)
+        if not on and self.lexical is not None:
+            self.lexical.close()
+            self.lexical = None
+
     def _new_lexical(self) -> LexicalIndex:
         return LexicalIndex(self._live_texts, self._lexical_rebuild, self._background)
 

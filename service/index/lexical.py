@@ -151,6 +151,16 @@ class LexicalIndex:
             doc.add_unsigned(_SLOT, slot)
             writer.add_document(doc)
 
+    def fill(self, end: int) -> None:
+        """Index the live items below slot `end` (this index is new: a collection that held texts before it)."""
+        assert self._live is not None and not self._count
+        slots, texts = self._live(end)
+        with self._lock:
+            for slot, text in zip(slots, texts):
+                self._apply(self._writer, (slot, [text]))
+            self._indexed, self._pending = len(slots), True
+        self._count, self._items = end, len(slots)
+
     def close(self) -> None:
         """A rebuild under way stops at its next step, and nothing is swapped in."""
         self._closed = True

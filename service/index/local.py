@@ -358,7 +358,9 @@ class LocalIndex:
             existing = self._collections.get(name)
             if existing is not None:
                 if op.get("exist_ok") and existing.spec.dimension == op["dim"]:
-                    return None
+                    # a lexical index asked for or no longer (SEMBED_INDEX_LEXICAL): built from the texts, or dropped
+                    on = op.get("lex", False)
+                    return None if on == existing.spec.lexical else {"op": "lexical", "c": name, "on": on}
                 raise CollectionExists(f"collection {name!r} exists (dimension {existing.spec.dimension}, "
                                        f"{existing.spec.index_type})")
             return op
@@ -417,6 +419,9 @@ class LocalIndex:
             return len(docs)
         if kind == "delete":
             return collection.delete(op["ids"])
+        if kind == "lexical":
+            collection.set_lexical(op["on"])
+            return 0
         if kind == "clear":
             n = len(collection)
             self._collections[name] = self._new_collection(collection.spec)

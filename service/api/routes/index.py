@@ -329,5 +329,11 @@ async def clear_index(request: Request, confirm: bool = False):
 
 @router.post("/search", response_model=schemas.SearchResponse)
 async def search_default(req: schemas.SearchRequest, request: Request):
-    """Search the default collection (the same body as /collections/{name}/search)."""
-    return await search(default_collection(request), req, request)
+    """Search the default collection (the same body as /collections/{name}/search; modes lexical and hybrid when
+    the service runs with SEMBED_INDEX_LEXICAL=true)."""
+    name = default_collection(request)
+    if req.mode in ("lexical", "hybrid") and not settings(request).index_lexical:
+        raise ApiError(422, f"the default collection keeps no lexical index, so mode {req.mode!r} cannot search it: "
+                            "start the service with SEMBED_INDEX_LEXICAL=true, or search with mode 'dense' (or a "
+                            "collection created with \"lexical\": true)", "Validation", param="mode")
+    return await search(name, req, request)
