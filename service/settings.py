@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     # would wait for it); 1024 on a GPU, where a pass of 1024 short rows costs about what 64 do, so the
     # token budget, not a row count, should bound it (TEI sets no row cap).
     max_batch_requests: int | None = Field(None, ge=1, description="inputs per forward pass")
+    # Unset: 1.25 on a CPU, where a pass costs about its tokens padding included and little besides, so rows
+    # of unlike lengths are better in passes of their own (RESULTS.md, Serving on a CPU); 2 on a GPU, where a
+    # pass of more rows costs little more and each pass has a fixed cost.
+    max_padding_ratio: float | None = Field(None, ge=1.0, le=16.0, description="a text may join a forward pass "
+                                            "only if the pass's padded length stays within this many times its own")
     max_queue_wait_s: float = Field(5.0, gt=0, description="admission: a request the engine expects to keep "
                                     "longer than this (the tokens ahead of it over the measured pass rate) gets "
                                     "429 with Retry-After; small requests still get in")
@@ -190,6 +195,9 @@ class Settings(BaseSettings):
 
     def batch_row_cap(self) -> int:
         return self.max_batch_requests or (1024 if self.device == "cuda" else 64)
+
+    def padding_ratio(self) -> float:
+        return self.max_padding_ratio or (2.0 if self.device == "cuda" else 1.25)
 
     def api_worker_count(self) -> int:
         return self.api_workers or min(8, max(1, (os.cpu_count() or 2) // 2))

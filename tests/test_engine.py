@@ -96,8 +96,37 @@ def test_passes_keep_the_token_budget_the_row_cap_and_similar_lengths():
     for rows, padded in zip(backend.passes, backend.padded_tokens):
         assert len(rows) <= 10 and padded <= 256
         pads = [padded_length(n, 8) for n in rows]
-        assert max(pads) <= 2 * min(pads)  # grouped by length: nobody is padded past twice its own
+        # grouped by length: nobody padded past the ratio (1.25 on a CPU) times its own
+        assert max(pads) <= engine.config.max_padding_ratio * min(pads) and engine.config.max_padding_ratio == 1.25
     assert max(map(len, backend.passes)) > 1
+
+
+def test_a_tighter_padding_ratio_pads_less_and_keeps_every_row_within_it():
+    from service.engine.queue import BatchQueue, Job
+    from service.ipc.messages import TokenBatch
+
+    rng = np.random.default_rng(0)
+    lengths = [[int(n) for n in rng.integers(3, 49, 32)] for _ in range(8)]  # eight requests of 32 texts
+
+    def passes(ratio: float) -> list[list[int]]:
+        queue = BatchQueue(max_batch_tokens=4096, max_batch_requests=64, pad_to_multiple_of=2, max_seq_length=64,
+                           max_padding_ratio=ratio)
+        for sizes in lengths:
+            queue.put(Job(TokenBatch.from_rows([[7] * n for n in sizes]), 8, float("inf"), lambda job: None))
+        out = []
+        while queue.queued_tokens:
+            out.append([job.sorted_lengths[start + k] for job, start, n in queue.next_batch().parts for k in range(n)])
+        return out
+
+    def padded(rows: list[list[int]]) -> int:
+        return sum(len(p) * max(padded_length(n, 2) for n in p) for p in rows)
+
+    loose, tight = passes(2.0), passes(1.25)
+    for ratio, rows in ((2.0, loose), (1.25, tight)):
+        assert sorted(n for p in rows for n in p) == sorted(n for sizes in lengths for n in sizes)  # every row once
+        assert all(max(padded_length(n, 2) for n in p) <= ratio * min(padded_length(n, 2) for n in p) for p in rows)
+    real = sum(map(sum, lengths))
+    assert real / padded(tight) > 0.85 > real / padded(loose)  # the padding a pass computes for nothing
 
 
 def test_with_row_buckets_the_budget_bounds_the_padded_rows():
@@ -395,7 +424,7 @@ def test_large_requests_take_turns_pass_by_pass_and_a_single_still_makes_the_nex
 
 
 def test_requests_sharing_a_pass_keep_the_vectors_they_asked_for():
-    engine, backend = make_engine()
+    engine, backend = make_engine(max_padding_ratio=2.0)  # 4, 7 and 11 tokens (padded to 8 and 16): one pass
     texts = [words(n, "n") for n in (9, 2, 5)]
 
     async def run():

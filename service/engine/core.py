@@ -49,6 +49,7 @@ class EngineConfig:
 
     max_batch_tokens: int  # per pass, counted with padding
     max_batch_requests: int  # rows per forward pass
+    max_padding_ratio: float  # a row joins a pass only if padded to at most this many times its own length
     max_queue_wait_s: float  # admission: a request expected to wait longer is refused (429)
     max_queued_inputs: int  # a memory bound on rows held, whatever their expected wait
     request_timeout_s: float  # a row still queued after this is dropped, its request failed
@@ -62,7 +63,8 @@ class EngineConfig:
         """From `settings`, or from the settings' defaults with `overrides` (tests: any Settings field)."""
         s = settings or Settings(**overrides)
         return cls(max_batch_tokens=s.batch_token_budget(), max_batch_requests=s.batch_row_cap(),
-                   max_queue_wait_s=s.max_queue_wait_s, max_queued_inputs=s.max_queued_inputs,
+                   max_padding_ratio=s.padding_ratio(), max_queue_wait_s=s.max_queue_wait_s,
+                   max_queued_inputs=s.max_queued_inputs,
                    request_timeout_s=s.request_timeout_s, prefetch=s.device == "cuda")
 
 
@@ -85,7 +87,8 @@ class Engine:
         # a pass must hold at least one input of the model's full length
         budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
         self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
-                                backend.info.max_seq_length, QueueDeadline, backend.row_buckets)
+                                backend.info.max_seq_length, QueueDeadline, backend.row_buckets,
+                                config.max_padding_ratio)
         self.info = ModelInfo(**{**vars(backend.info), "max_batch_tokens": budget})
         self.admission = Admission(config.max_queue_wait_s)
         self._held_inputs = 0

@@ -4,9 +4,10 @@ Modelled on TEI's `core/src/queue.rs`, with three changes for a CPU where one pa
 - **fair**: the requests served the fewest tokens so far (then the smallest) fill each pass first,
   each with as many of its rows as the pass takes, so a one-text request arriving behind a
   256-text request runs in the next pass, not after it, and large requests take turns pass by pass;
-- **grouped by length**: a row joins a pass only if the pass's padded length stays within twice
-  the row's own, so short texts are not padded to a long neighbour's length (the budget alone
-  would allow 63 short rows at 256 tokens each);
+- **grouped by length**: a row joins a pass only if the pass's padded length stays within
+  `max_padding_ratio` times the row's own (the settings' default: 1.25 on a CPU, 2 on a GPU), so
+  short texts are not padded to a long neighbour's length (the budget alone would allow 63 short
+  rows at 256 tokens each);
 - **bounded**: a request those two rules leave out of two passes leads the next one, so a longer text is not
   kept waiting for as long as shorter ones keep arriving.
 
@@ -31,8 +32,6 @@ import numpy as np
 from service.engine.backends.base import bucketed_rows, padded_length
 from service.ipc.messages import TokenBatch
 
-#: a row may be padded to at most this many times its own (padded) length
-MAX_PADDING_RATIO = 2
 #: a request left out of this many passes leads the next one (two: a one-text request arriving behind a large
 #: one that has not started yet still goes first, as the least served)
 MAX_PASSED_OVER = 2
@@ -170,7 +169,7 @@ class Batch:
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
                  max_seq_length: int, deadline_error: type[Exception] = TimeoutError,
-                 row_buckets: tuple[int, ...] = ()):
+                 row_buckets: tuple[int, ...] = (), max_padding_ratio: float = 2.0):
         if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
                              f"max_seq_length ({max_seq_length})")
@@ -178,6 +177,7 @@ class BatchQueue:
         self.max_batch_requests = max_batch_requests
         self.pad_to_multiple_of = pad_to_multiple_of
         self.row_buckets = row_buckets
+        self.max_padding_ratio = max_padding_ratio  # a row may be padded to this many times its own length
         self.deadline_error = deadline_error  # what a job whose deadline passed in the queue fails with
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
@@ -268,7 +268,7 @@ class BatchQueue:
             jobs.remove(leader)
             jobs.insert(0, leader)
         taken: dict[Job, int] = {}
-        multiple, cap = self.pad_to_multiple_of, self.max_batch_requests
+        multiple, cap, ratio = self.pad_to_multiple_of, self.max_batch_requests, self.max_padding_ratio
         rows = seq_len = shortest = 0
         for job in jobs:
             if rows == cap:
@@ -279,7 +279,7 @@ class BatchQueue:
                 new_len = max(seq_len, own)
                 new_short = min(shortest, own) if rows else own
                 room = self.rows_within(new_len) - rows
-                if rows and (room <= 0 or new_len > MAX_PADDING_RATIO * new_short):
+                if rows and (room <= 0 or new_len > ratio * new_short):
                     break  # this job's later rows are longer still: it is done for this pass
                 same_length = bisect.bisect_right(lengths, own, position) - position
                 n = max(1, min(same_length, cap - rows, room))
