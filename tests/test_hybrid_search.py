@@ -130,3 +130,25 @@ def test_a_rare_term_dense_search_misses_is_found_lexically_and_survives_kill_9(
             reply = c.post("/collections/stream/search", json={"query": [f"w{i[1:]}x" for i in part], "k": 1,
                                                                "mode": "lexical", "include": []})
             assert [[h["id"] for h in row] for row in reply.json()["results"]] == [[i] for i in part]
+
+
+def test_the_default_collection_with_sembed_index_lexical(service_env):
+    """SEMBED_INDEX_LEXICAL=true through the real processes (the index process makes the default collection
+    lexical): /search ranks by words and fuses; restarted without it, /search refuses those modes by name."""
+    env, folder = service_env
+    env = {**env, "SEMBED_INDEX_PATH": str(folder / "default-index")}
+    documents = [{"id": i, "text": t} for i, t in TICKETS.items()]
+    with ServiceProcess({**env, "SEMBED_INDEX_LEXICAL": "true"}, folder / "default.log") as service, \
+            httpx.Client(base_url=service.url, timeout=60) as c:
+        assert c.get("/collections/default").json()["lexical"] is True
+        assert c.post("/index/documents", json={"documents": documents}).status_code == 200
+        for mode in ("lexical", "hybrid"):
+            reply = c.post("/search", json={"query": QUERY, "k": 1, "mode": mode, "fusion": {"k": 10}}
+                           if mode == "hybrid" else {"query": QUERY, "k": 1, "mode": mode})
+            assert [h["id"] for h in reply.json()["results"][0]] == ["coffee"], reply.text
+    with ServiceProcess(env, folder / "default-off.log") as service, \
+            httpx.Client(base_url=service.url, timeout=60) as c:
+        assert c.get("/collections/default").json()["lexical"] is False
+        reply = c.post("/search", json={"query": QUERY, "mode": "lexical"})
+        assert reply.status_code == 422 and "SEMBED_INDEX_LEXICAL=true" in reply.json()["error"], reply.text
+        assert c.post("/search", json={"query": QUERY}).json()["results"][0]  # dense: every document still there
