@@ -17,8 +17,9 @@ replay and a snapshot's load build too): a builder thread reads them and indexes
 and searches go on against the current index, the writes made meanwhile are kept in a journal and
 replayed into the new index, and the last few of them and the swap happen under the writer's lock.
 Right after a rebuild the scores are those of an index of the live items alone; between rebuilds
-they differ from those by the deleted items still counted (at most `rebuild_at` of the index). Ties
-are broken by slot, so a ranking depends only on scores and write order.
+they differ from those by the deleted items still counted (about `rebuild_at` of the index at most:
+a delete made while a rebuild runs is counted by the index it swaps in). Ties are broken by slot, so
+a ranking depends only on scores and write order.
 
 The index holds no file of its own: the write-ahead log and the snapshots' documents carry its text.
 
