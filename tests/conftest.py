@@ -31,7 +31,7 @@ _REPO_DATA_EXISTED = (REPO / "data").exists()
 E2E_MODULES = {"test_bench_frontend", "test_bench_int8", "test_bench_peers", "test_cache_live", "test_chunking_live",
                "test_clients", "test_cohere", "test_datasets", "test_deploy", "test_distributed", "test_families",
                "test_grpc", "test_hybrid_search", "test_index_durability", "test_mpnet", "test_mteb", "test_processes",
-               "test_readme", "test_resume", "test_sparse_service", "test_train_smoke"}
+               "test_readme", "test_resume", "test_sparse_search", "test_sparse_service", "test_train_smoke"}
 
 
 #: the static checks (`make lint` runs them, `make test-fast` leaves them out, `make test` runs them): ruff, mypy,

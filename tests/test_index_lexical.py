@@ -346,13 +346,13 @@ def test_http_lexical_collections_modes_and_their_422s(client):
         assert body["error_type"] == "Validation" and all(w in body["error"] for w in words), body
         return body
 
-    refused(search(mode="sparse"), "mode", "'dense'", "'lexical'", "'hybrid'")
+    refused(search(mode="semantic"), "mode", "'dense'", "'lexical'", "'sparse'", "'hybrid'")
     refused(search("plain", mode="lexical"), "'plain' has no lexical index", "lexical\": true")
     refused(search("plain", mode="hybrid"), "no lexical index")
     refused(search(fusion={"k": 5}), "fusion applies to mode 'hybrid'")
     refused(search(mode="hybrid", fusion={"rrf": 5}), "rrf")
     refused(search(mode="hybrid", fusion={"k": 0}), "k")
-    refused(search(mode="hybrid", fusion={"dense_weight": 0, "lexical_weight": 0}), "not both be 0")
+    refused(search(mode="hybrid", fusion={"dense_weight": 0, "lexical_weight": 0}), "cannot all be 0")
     refused(search(mode="hybrid", fusion={"lexical_weight": -1}), "lexical_weight")
     refused(client.post("/collections/notes/search", json={"vector": [1.0] * 4, "mode": "lexical"}),
             "give query (text), not vector")

@@ -311,19 +311,21 @@ class GetDocumentsResponse(BaseModel):
 
 
 class Fusion(_Request):
-    """How mode hybrid fuses its dense and lexical rankings: reciprocal rank fusion."""
+    """How mode hybrid fuses its dense ranking with the lexical and sparse ones the collection keeps: reciprocal
+    rank fusion."""
 
     k: int = Field(60, ge=1, le=10_000, description="RRF's constant: an item scores weight / (k + rank) in each "
                    "ranking (ranks from 1), summed")
     dense_weight: float = Field(1.0, ge=0, le=100, description="weight of the dense (vector) ranking")
     lexical_weight: float = Field(1.0, ge=0, le=100, description="weight of the lexical (BM25) ranking")
+    sparse_weight: float = Field(1.0, ge=0, le=100, description="weight of the sparse (SPLADE) ranking")
     candidates: int = Field(100, ge=1, le=10_000, description="items taken from each ranking (at least the "
                             "search's k)")
 
     @model_validator(mode="after")
     def _some_weight(self):
-        if self.dense_weight == 0 and self.lexical_weight == 0:
-            raise ValueError("dense_weight and lexical_weight cannot both be 0")
+        if self.dense_weight == 0 and self.lexical_weight == 0 and self.sparse_weight == 0:
+            raise ValueError("dense_weight, lexical_weight and sparse_weight cannot all be 0")
         return self
 
 
@@ -344,10 +346,11 @@ class SearchRequest(_Request):
     include: list[IncludeField] = Field(["text", "metadata"], description="fields returned with each hit")
     chunks: StrictBool = Field(False, description="each hit also lists its document's other chunks among the "
                                "candidates that match: [{start, end, score}], best first")
-    mode: Literal["dense", "lexical", "hybrid"] = Field("dense", description="dense: by embedding (cosine); "
-                                                        "lexical: BM25 over the stored texts; hybrid: both, fused "
-                                                        "by reciprocal rank (`fusion`). lexical and hybrid need a "
-                                                        "collection created with lexical: true, and query text")
+    mode: Literal["dense", "lexical", "sparse", "hybrid"] = Field(
+        "dense", description="dense: by embedding (cosine); lexical: BM25 over the stored texts; sparse: dot product "
+        "of the query's sparse (SPLADE) vector with the stored ones; hybrid: dense and each of lexical and sparse the "
+        "collection keeps, fused by reciprocal rank (`fusion`). lexical needs a collection created with lexical: "
+        "true, sparse one created with a sparse_model, hybrid either; all three need query text")
     fusion: Fusion | None = Field(None, description="mode hybrid: the fusion's k, weights and candidates")
 
     @model_validator(mode="after")
@@ -355,7 +358,7 @@ class SearchRequest(_Request):
         if (self.query is None) == (self.vector is None):
             raise ValueError("give either query (text) or vector")
         if self.mode != "dense" and self.query is None:
-            raise ValueError(f"mode {self.mode!r} searches the stored texts by words: give query (text), not vector")
+            raise ValueError(f"mode {self.mode!r} searches by the query's text: give query (text), not vector")
         if self.fusion is not None and self.mode != "hybrid":
             raise ValueError(f"fusion applies to mode 'hybrid', not {self.mode!r}")
         return self
@@ -375,7 +378,8 @@ class ChunkHit(BaseModel):
 
 class SearchHit(BaseModel):
     id: str
-    score: float = Field(description="cosine similarity (mode dense), BM25 (lexical) or the fused reciprocal "
+    score: float = Field(description="cosine similarity (mode dense), BM25 (lexical), the sparse vectors' dot "
+                         "product (sparse) or the fused reciprocal "
                          "rank score (hybrid)")
     text: str | None = None
     metadata: dict[str, Any] | None = None
@@ -401,6 +405,9 @@ class CreateCollectionRequest(_Request):
                                                             "(binary); the float vectors rescore its best candidates")
     lexical: StrictBool = Field(False, description="true: keep a lexical (BM25) index of the texts beside the "
                                 "vectors, for search modes lexical and hybrid (local index only)")
+    sparse_model: str | None = Field(None, description="a served sparse (SPLADE) model: keep its vector of each "
+                                     "chunk beside the dense one, for search modes sparse and hybrid (local index "
+                                     "only)")
 
 
 class ModelStampOut(BaseModel):
@@ -418,6 +425,9 @@ class CollectionOut(BaseModel):
     ann_ready: bool = Field(description="false while the ANN structure trains or rebuilds (search is exact)")
     quantization: str = Field("none", description="none, int8 or binary")
     lexical: bool = Field(False, description="whether it keeps a lexical (BM25) index: search modes lexical, hybrid")
+    sparse_model: ModelStampOut | None = Field(None, description="the sparse (SPLADE) model whose vector of each "
+                                               "chunk it keeps (search modes sparse, hybrid); null: none")
+    sparse_dimension: int = Field(0, description="that model's vocabulary: its vectors' dimension (0: none)")
 
 
 class CollectionsOut(BaseModel):

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.errors import ApiError
 from service.api.routes.common import registry, settings
+from service.api.routes.index import sparse_rows, sparse_vectors
 from service.index import ModelStamp
 from service.index.reembed import reembed
 from service.manifest import CLASSIFIER, CROSS_ENCODER, EMBEDDING, SPARSE
@@ -110,5 +111,14 @@ async def _reembed(request: Request, name: str, stamp: ModelStamp, model):
     def embed(texts):
         return asyncio.run_coroutine_threadsafe(model.embed(texts), loop).result().vectors
 
+    info = await run_in_threadpool(request.app.state.index.info, name)
+    embed_sparse = None
+    if info.sparse_model is not None:  # its sparse vectors are made again too, by the sparse model it keeps
+
+        def embed_sparse(texts):
+            found = asyncio.run_coroutine_threadsafe(sparse_vectors(request, name, info, texts), loop).result()
+            return sparse_rows(found)
+
     log.info("re-embedding collection %s with %s", name, stamp.describe())
-    return await run_in_threadpool(reembed, request.app.state.index, name, stamp, model.info.dimension, embed)
+    return await run_in_threadpool(reembed, request.app.state.index, name, stamp, model.info.dimension, embed,
+                                   embed_sparse=embed_sparse)

@@ -6,6 +6,7 @@ of two models; index calls run in the thread pool (writes wait there for their g
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -29,6 +30,7 @@ from service.index import (
     ModelStamp,
     SearchParams,
 )
+from service.index.base import SparseRows
 from service.ipc.messages import WrongModelType
 
 router = APIRouter(tags=["search"])
@@ -116,6 +118,59 @@ async def _vectors(request: Request, collection: str, texts: Sequence[str | None
     return out
 
 
+def sparse_stamp(request: Request, name: str) -> tuple[ModelStamp, int]:
+    """The stamp and vocabulary (the vectors' dimension) of served sparse model `name`; a 422 naming the served
+    sparse models if it is not one."""
+    reg = registry(request)
+    sparse = [n for n in reg.names() if reg.get(n).info.is_sparse]
+    info = reg.get(name).info if name in reg.names() else None
+    if info is None or not info.is_sparse:
+        what = "no model served here" if info is None else f"not a sparse model (it is {info.described})"
+        served = ", ".join(sparse) if sparse else "none (serve a SPLADE export beside it: SEMBED_MODELS)"
+        raise ApiError(422, f"sparse_model {name!r} is {what}: the served sparse models are {served}", "Validation",
+                       param="sparse_model")
+    return ModelStamp(name, info.graph_sha256), info.dimension
+
+
+def _sparse_embedder(request: Request, collection: str, info: CollectionInfo):
+    """The sparse model whose vectors the collection keeps; refuses one the service no longer runs as it was."""
+    stamp = cast(ModelStamp, info.sparse_model)
+    reg = registry(request)
+    served = reg.get(stamp.name).info if stamp.name in reg.names() else None
+    current = ModelStamp(stamp.name, served.graph_sha256) if served is not None and served.is_sparse else None
+    if current != stamp:
+        now = current.describe() if current else f"no sparse model named {stamp.name!r}"
+        raise ModelMismatch(f"collection {collection!r} keeps the sparse vectors of {stamp.describe()}, but the "
+                            f"service now runs {now}: serve that model under its name, or create the collection "
+                            "again and write its documents again")
+    return reg.get(stamp.name)
+
+
+async def sparse_vectors(request: Request, collection: str, info: CollectionInfo,
+                          texts: Sequence[str | None]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The collection's sparse model's vector of each text, (indices ascending, values); a row without text
+    (a document that brought its vector alone) has none."""
+    todo = [i for i, text in enumerate(texts) if text]
+    out = [(np.empty(0, np.int64), np.empty(0, np.float32))] * len(texts)
+    if todo:
+        # a chunk is cut for the dense model's window: the sparse model truncates it to its own if smaller
+        found, _ = await _sparse_embedder(request, collection, info).embed_sparse(
+            [cast(str, texts[i]) for i in todo], truncate=True)
+        for i, vector in zip(todo, found):
+            out[i] = (vector.indices, vector.values)
+    return out
+
+
+def sparse_rows(vectors: list[tuple[np.ndarray, np.ndarray]]) -> SparseRows:
+    """Sparse vectors as the index takes them: CSR arrays, a row each."""
+    indptr = np.zeros(len(vectors) + 1, np.int64)
+    np.cumsum([len(indices) for indices, _ in vectors], out=indptr[1:])
+    if not indptr[-1]:
+        return SparseRows(indptr, np.empty(0, np.int32), np.empty(0, np.float32))
+    return SparseRows(indptr, np.concatenate([i for i, _ in vectors]).astype(np.int32),
+                      np.concatenate([v for _, v in vectors]).astype(np.float32))
+
+
 def _fields(record, include: Sequence[str]) -> dict[str, Any]:
     out = {"id": record.id}
     if isinstance(record, Hit):
@@ -132,7 +187,8 @@ def _fields(record, include: Sequence[str]) -> dict[str, Any]:
 async def _documents(request: Request, collection: str, req: schemas.AddDocumentsRequest):
     """The request's documents and their vectors, a row per chunk: a text the collection's model embeds is cut
     into chunks where it is longer than the model's window (and chunking is on); the whole request is refused
-    (nothing written) when its chunks exceed max_request_chunks."""
+    (nothing written) when its chunks exceed max_request_chunks. A collection that keeps sparse vectors has its
+    sparse model's vector of each chunk too (None otherwise)."""
     docs = req.documents
     check_batch(request, len(docs), "documents")
     info = await _call(_index(request).info, collection)
@@ -164,8 +220,14 @@ async def _documents(request: Request, collection: str, req: schemas.AddDocument
             texts.extend(text[a:b] for a, b in doc_spans)
             given.extend([None] * len(doc_spans))
             owner.extend([i] * len(doc_spans))
-    vectors = await _vectors(request, collection, texts, given, "documents", info, owner)
-    return [Document(d.id, d.text or "", d.metadata, s) for d, s in zip(docs, spans)], vectors
+    sparse = None
+    if info.sparse_model is None:
+        vectors = await _vectors(request, collection, texts, given, "documents", info, owner)
+    else:  # both models at once; either failing refuses the whole write
+        vectors, found = await asyncio.gather(_vectors(request, collection, texts, given, "documents", info, owner),
+                                              sparse_vectors(request, collection, info, texts))
+        sparse = sparse_rows(found)
+    return [Document(d.id, d.text or "", d.metadata, s) for d, s in zip(docs, spans)], vectors, sparse
 
 
 # --- collections ---------------------------------------------------------------------------------
@@ -184,6 +246,8 @@ async def create_collection(req: schemas.CreateCollectionRequest, request: Reque
         if req.dimension not in (None, dim):
             raise InvalidRequest(f"model {stamp.name} makes {dim}-d vectors, not {req.dimension}")
         spec = CollectionSpec(req.name, dim, req.index_type, stamp, req.quantization, req.lexical)
+    if req.sparse_model is not None:
+        spec.sparse_model, spec.sparse_dimension = sparse_stamp(request, req.sparse_model)
     info = await _call(_index(request).create_collection, spec)
     _count(request, info.name, info.count)
     return NumpyJSONResponse(_collection(info), status_code=201)
@@ -218,6 +282,7 @@ async def drop_collection(name: str, request: Request, confirm: bool = False):
 def _collection(info: CollectionInfo) -> dict[str, Any]:
     out = dict(vars(info))
     out["model"] = vars(info.model) if info.model else None
+    out["sparse_model"] = vars(info.sparse_model) if info.sparse_model else None
     return out
 
 
@@ -227,8 +292,8 @@ def _collection(info: CollectionInfo) -> dict[str, Any]:
 async def upsert(name: str, req: schemas.AddDocumentsRequest, request: Request):
     """Add or replace documents: texts are embedded by the collection's model, or bring your vectors. A text
     longer than the model's window becomes chunks, a vector each (`chunking`; docs/long-documents.md)."""
-    documents, vectors = await _documents(request, name, req)
-    result = await _call(_index(request).upsert, name, documents, vectors)
+    documents, vectors, sparse = await _documents(request, name, req)
+    result = await _call(_index(request).upsert, name, documents, vectors, sparse)
     _count(request, name, result.total)
     return NumpyJSONResponse({"added": result.count, "total": result.total, "sequence": result.sequence})
 
@@ -269,28 +334,41 @@ async def delete_document(name: str, doc_id: str, request: Request):
 
 @router.post("/collections/{name}/search", response_model=schemas.SearchResponse)
 async def search(name: str, req: schemas.SearchRequest, request: Request):
-    """The k nearest documents to each query by cosine similarity (or by BM25, or both fused: `mode`),
-    among those passing `filter`."""
+    """The k nearest documents to each query by cosine similarity (or by BM25, by sparse vectors, or fused:
+    `mode`), among those passing `filter`."""
     limit = settings(request).max_search_k
     if req.k > limit:
         raise ApiError(422, f"k={req.k} exceeds the limit of {limit}", "Validation", param="k")
-    texts = None
+    texts, sparse = None, None
     if req.vector is not None:
         given = req.vector if isinstance(req.vector[0], list) else [req.vector]
         queries = await _vectors(request, name, [None] * len(given), given, "vector")
     elif req.mode == "lexical":  # nothing to embed: the index ranks the stored texts by the query's words
         check_batch(request, len(req.queries), "query")
         queries, texts = None, req.queries
-    else:
+    elif req.mode == "dense":
         queries = await _vectors(request, name, req.queries, [None] * len(req.queries), "query")
-        texts = req.queries if req.mode == "hybrid" else None
+    else:  # sparse, hybrid: the query's sparse vector where the collection keeps them (else the index refuses)
+        check_batch(request, len(req.queries), "query")
+        info = await _call(_index(request).info, name)
+        embedded = sparse_vectors(request, name, info, req.queries) if info.sparse_model is not None else None
+        if req.mode == "sparse":
+            queries = None
+            found = await embedded if embedded is not None else None
+        else:
+            texts = req.queries
+            dense = _vectors(request, name, req.queries, [None] * len(req.queries), "query", info)
+            queries, found = await asyncio.gather(dense, embedded) if embedded is not None else (await dense, None)
+        if found is not None:
+            sparse = [(indices.tolist(), values.tolist()) for indices, values in found]
     fusion = req.fusion or schemas.Fusion()
     params = SearchParams(k=req.k, filter=req.filter, score_threshold=req.score_threshold, ef_search=req.ef_search,
                           nprobe=req.nprobe, oversample=req.oversample, with_text="text" in req.include,
                           with_metadata="metadata" in req.include, with_vector="vector" in req.include,
                           with_chunks=req.chunks,
-                          mode=req.mode, texts=texts, rrf_k=fusion.k, dense_weight=fusion.dense_weight,
-                          lexical_weight=fusion.lexical_weight, candidates=fusion.candidates)
+                          mode=req.mode, texts=texts, sparse_queries=sparse, rrf_k=fusion.k,
+                          dense_weight=fusion.dense_weight, lexical_weight=fusion.lexical_weight,
+                          sparse_weight=fusion.sparse_weight, candidates=fusion.candidates)
     hits = await _call(_index(request).search, name, queries, params)
     return NumpyJSONResponse({"results": [[_fields(h, req.include) for h in row] for row in hits]})
 
