@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The SEMBED_INDEX_PATH that asks for an index in memory only (SQLite's spelling of the same wish).
@@ -171,6 +171,13 @@ class Settings(BaseSettings):
         if v is not None:
             parse_models(v)
         return v
+
+    @model_validator(mode="after")
+    def _lexical_is_local(self) -> Settings:
+        if self.index_lexical and self.index_backend != "local":
+            raise ValueError("SEMBED_INDEX_LEXICAL=true needs SEMBED_INDEX_BACKEND=local: the milvus backend keeps no "
+                             "lexical index (docs/hybrid-search.md)")
+        return self
 
     def model_dirs(self) -> list[tuple[str | None, Path]]:
         """(name, export dir) pairs; a None name means 'the manifest's own name'."""

@@ -132,3 +132,13 @@ def test_create_with_exist_ok_adds_or_drops_the_lexical_index_through_the_log(tm
     index = LocalIndex(tmp_path / "index", background=False)
     assert not index.info("c").lexical and index.info("c").count == len(TEXTS)
     index.close()
+
+
+def test_the_milvus_backend_with_the_setting_is_refused_at_start_naming_it():
+    import pydantic
+
+    from service.settings import Settings
+
+    with pytest.raises(pydantic.ValidationError, match="SEMBED_INDEX_LEXICAL=true needs SEMBED_INDEX_BACKEND=local"):
+        Settings(index_lexical=True, index_backend="milvus", milvus_uri="/tmp/m.db")
+    assert Settings(index_lexical=True).index_lexical and not Settings(index_backend="milvus").index_lexical
