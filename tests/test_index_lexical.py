@@ -172,9 +172,10 @@ def ranking(index: LocalIndex, *queries: str, **params) -> list[list[str]]:
 
 def test_rankings_depend_only_on_the_live_documents(index):
     """Written in several steps (one segment each, searched in between), the scores are those of a fresh index
-    holding the same documents in the same order; after deletes and replaces, the rankings are (what the log's
-    replay and a snapshot's load rebuild), while the scores may differ a little: tantivy's statistics count a
-    deleted or replaced item until a merge drops it, as Lucene's do."""
+    holding the same documents in the same order; after deletes and replaces, the rankings are at once (what the
+    log's replay and a snapshot's load rebuild); the scores are once deleted items are dropped from tantivy's
+    statistics, which count them until then, as Lucene's do (a background rebuild past
+    SEMBED_INDEX_LEXICAL_REBUILD: tests/test_lexical_rebuild.py)."""
     queries = ["protein calcium", "lazy fox", "QX9981 kinase", "muscle"]
     fresh = LocalIndex(background=False)
     fresh.create_collection(CollectionSpec("c", DIM, lexical=True))
