@@ -97,6 +97,7 @@ def test_sparse_collections_rank_by_splade_fuse_refuse_and_survive_kill_9(defaul
         refused(search("QX9981", "semantic"), "'dense'", "'lexical'", "'sparse'", "'hybrid'")
         refused(search("QX9981", name="plain"), "'plain' has no sparse vectors", "sparse_model")
         refused(search("QX9981", "hybrid", name="plain"), "no lexical index and no sparse vectors")
+        refused(c.post("/search", json={"query": "QX9981", "mode": "sparse"}), "default collection keeps no sparse")
         refused(search("QX9981", "hybrid", fusion={"dense_weight": 0, "lexical_weight": 0, "sparse_weight": 0}),
                 "cannot all be 0")
         refused(search("QX9981", "hybrid", fusion={"sparse_weight": -1}), "sparse_weight")

@@ -44,10 +44,16 @@ def as_matrix(rows: SparseRows, dimension: int) -> sp.csr_array:
     return sp.csr_array((rows.values, rows.indices, rows.indptr), shape=(len(rows.indptr) - 1, dimension))
 
 
-def _stack(pieces: Sequence[sp.sparray], dimension: int) -> sp.csc_array:
+def _rows_of(pieces: Sequence[sp.sparray], dimension: int) -> sp.csr_array:
+    """Rows one under another, in row order (scipy's fast path for stacking)."""
     if not pieces:
-        return sp.csc_array((0, dimension), dtype=np.float32)
-    return sp.csc_array(sp.vstack(pieces, format="csc", dtype=np.float32))
+        return sp.csr_array((0, dimension), dtype=np.float32)
+    return sp.csr_array(sp.vstack([sp.csr_array(p) for p in pieces], format="csr", dtype=np.float32))
+
+
+def _stack(pieces: Sequence[sp.sparray], dimension: int) -> sp.csc_array:
+    """Rows one under another, in column order (stacked as CSR, then converted once)."""
+    return sp.csc_array(_rows_of(pieces, dimension).tocsc())
 
 
 class SparseStore:
@@ -56,7 +62,7 @@ class SparseStore:
     def __init__(self, dimension: int):
         self.dimension = dimension  # the sparse model's vocabulary: indices are below it
         self._state = _State((), 0, (), 0)
-        self._tail_cache: tuple[tuple[sp.csr_array, ...], sp.csc_array] | None = None
+        self._tail_cache: tuple[tuple[sp.csr_array, ...], sp.csr_array] | None = None
         self._cache_lock = threading.Lock()
 
     @property
@@ -99,13 +105,14 @@ class SparseStore:
         return sp.csc_array(sp.coo_array((merged.data[keep], (merged.indices[keep], columns)),
                                          shape=merged.shape).tocsc())
 
-    def _tail(self, state: _State) -> sp.csc_array:
-        """The tail as one column-ordered matrix, made once per state by the first search that needs it."""
+    def _tail(self, state: _State) -> sp.csr_array:
+        """The tail as one row-ordered matrix (a query reads all of it: it is small), made once per state by the
+        first search that needs it."""
         with self._cache_lock:
             cached = self._tail_cache
         if cached is not None and cached[0] is state.tail:
             return cached[1]
-        matrix = _stack(state.tail, self.dimension)
+        matrix = _rows_of(state.tail, self.dimension)
         with self._cache_lock:
             self._tail_cache = (state.tail, matrix)
         return matrix
@@ -118,10 +125,13 @@ class SparseStore:
         indices, values = np.asarray(indices[keep], np.int64), np.asarray(values[keep], np.float32)
         if not len(indices):
             return out
-        parts = [*state.blocks, _Block(state.tail_first, self._tail(state))]
-        for block in parts:
-            if block.matrix.shape[0]:
-                out[block.first: block.first + block.matrix.shape[0]] = block.matrix[:, indices] @ values
+        for block in state.blocks:  # the columns of the query's dimensions
+            out[block.first: block.first + block.matrix.shape[0]] = block.matrix[:, indices] @ values
+        tail = self._tail(state)
+        if tail.shape[0]:  # every row: a dense query
+            query = np.zeros(self.dimension, np.float32)
+            np.add.at(query, indices, values)
+            out[state.tail_first:] = tail @ query
         return out
 
     def search(self, queries: Sequence[tuple[Sequence[int], Sequence[float]]], k: int, live: np.ndarray,
@@ -156,11 +166,11 @@ class SparseStore:
     def rows(self, state: _State, slots: np.ndarray) -> sp.csr_array:
         """The rows of `slots` (ascending, below state.end) in the store as `state` held it: a snapshot's."""
         pieces = []
-        for block in (*state.blocks, _Block(state.tail_first, self._tail(state))):
-            size = block.matrix.shape[0]
-            mine = slots[(slots >= block.first) & (slots < block.first + size)]
+        for first, matrix in (*state.blocks, (state.tail_first, self._tail(state))):
+            size = matrix.shape[0]
+            mine = slots[(slots >= first) & (slots < first + size)]
             if len(mine):
-                pieces.append(sp.csr_array(block.matrix)[mine - block.first])
+                pieces.append(sp.csr_array(matrix)[mine - first])
         if not pieces:
             return sp.csr_array((0, self.dimension), dtype=np.float32)
         return sp.csr_array(sp.vstack(pieces, format="csr", dtype=np.float32))

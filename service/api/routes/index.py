@@ -414,4 +414,8 @@ async def search_default(req: schemas.SearchRequest, request: Request):
         raise ApiError(422, f"the default collection keeps no lexical index, so mode {req.mode!r} cannot search it: "
                             "start the service with SEMBED_INDEX_LEXICAL=true, or search with mode 'dense' (or a "
                             "collection created with \"lexical\": true)", "Validation", param="mode")
+    if req.mode == "sparse":
+        raise ApiError(422, "the default collection keeps no sparse vectors, so mode 'sparse' cannot search it: "
+                            "create a collection with \"sparse_model\": <a served sparse model>, or search with "
+                            "mode 'dense'", "Validation", param="mode")
     return await search(name, req, request)
