@@ -305,3 +305,34 @@ def test_sparse_vectors_cross_to_the_index_process_in_writes_searches_and_replac
     client.replace_collection(CollectionSpec("c", DIM, sparse_model=STAMP, sparse_dimension=VOCAB),
                               iter([(rebuilt, vec("c")[None], as_rows(bag("a cat")[None]))]))
     assert sparse_search(client, "cat QX9981") == [[("cat", 1.0)]]
+
+
+def test_re_embedding_makes_the_sparse_vectors_again_or_is_refused_without_the_sparse_model():
+    from service.index.reembed import reembed
+
+    index = LocalIndex(background=False)
+    dense = ModelStamp("minilm", "1" * 64)
+    index.create_collection(CollectionSpec("c", DIM, model=dense, sparse_model=STAMP, sparse_dimension=VOCAB))
+    text = "a quick brown fox ; the kinase QX9981 here"
+    cut = text.index("the kinase")
+    put(index, [Document("long", text, {}, [(0, cut), (cut, len(text))])] + docs("dog", "cat"))
+    before = sparse_search(index, "QX9981 fox", "lazy dog", "cat")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.stack([vec(t) for t in texts])
+
+    with pytest.raises(InvalidRequest, match="keeps sparse vectors of splade"):
+        reembed(index, "c", ModelStamp("minilm", "2" * 64), DIM, embed)  # offline: no sparse model to embed with
+    assert index.info("c").model == dense
+    seen: list[str] = []
+
+    def embed_sparse(texts: list[str]) -> SparseRows:
+        seen.extend(texts)
+        return as_rows(np.stack([bag(t) for t in texts]))
+
+    reembed(index, "c", ModelStamp("minilm", "2" * 64), DIM, embed, embed_sparse=embed_sparse)
+    info = index.info("c")
+    assert info.model == ModelStamp("minilm", "2" * 64) and (info.sparse_model, info.sparse_dimension) == (STAMP, VOCAB)
+    assert sorted(seen) == sorted([text[:cut], text[cut:], TEXTS["dog"], TEXTS["cat"]])  # each chunk's text
+    assert sparse_search(index, "QX9981 fox", "lazy dog", "cat") == before
+    index.close()

@@ -29,14 +29,16 @@ TOLERANCE = 1e-4  # the ONNX graph against sentence-transformers (test_sparse_se
 
 @pytest.fixture(scope="module")
 def splade(tmp_path_factory):
-    """The tiny SPLADE's source directory and its export."""
+    """Two tiny SPLADEs (other random weights): their source directories, and the folder of their exports
+    (`splade`, `splade-b`: what a reload may load)."""
     from core.sparse import SpladeEncoder
     from export.sparse import export_sparse
 
     root = tmp_path_factory.mktemp("splade")
-    source = build_splade(root / "src")
-    export_sparse(SpladeEncoder.from_pretrained(source), root / "splade")
-    return source, root / "splade"
+    sources = [build_splade(root / f"src-{seed}", seed=seed) for seed in (0, 1)]
+    for source, name in zip(sources, ("splade", "splade-b")):
+        export_sparse(SpladeEncoder.from_pretrained(source), root / "exports" / name)
+    return sources, root / "exports"
 
 
 def reference(source, texts: list[str]) -> np.ndarray:
@@ -46,10 +48,11 @@ def reference(source, texts: list[str]) -> np.ndarray:
 
 
 def test_sparse_collections_rank_by_splade_fuse_refuse_and_survive_kill_9(default_export, splade, tmp_path_factory):
-    source, export = splade
+    (source, other), exports = splade
     folder = tmp_path_factory.mktemp("sparse-search")
-    env = {"SEMBED_MODELS": f"minilm={default_export},splade={export}", "SEMBED_INDEX_PATH": str(folder / "index"),
-           "SEMBED_ADMIN_API_KEYS": "admin-key"}
+    env = {"SEMBED_MODELS": f"minilm={default_export},splade={exports / 'splade'}", "SEMBED_MODELS_ROOT": str(exports),
+           "SEMBED_INDEX_PATH": str(folder / "index"), "SEMBED_ADMIN_API_KEYS": "admin-key"}
+    admin = {"Authorization": "Bearer admin-key"}
     with ServiceProcess(env, folder / "first.log") as service, httpx.Client(base_url=service.url, timeout=60) as c:
         def refused(reply, *words):
             assert reply.status_code == 422, reply.text
@@ -123,8 +126,7 @@ def test_sparse_collections_rank_by_splade_fuse_refuse_and_survive_kill_9(defaul
 
         before = answers()
         # re-embedding (a dense model change) makes the sparse vectors again too: the same models, the same answers
-        reembedded = c.post("/admin/collections/parts/reembed", json={"model": "minilm"},
-                            headers={"Authorization": "Bearer admin-key"})
+        reembedded = c.post("/admin/collections/parts/reembed", json={"model": "minilm"}, headers=admin)
         assert reembedded.status_code == 200 and reembedded.json()["count"] == len(documents) - 1, reembedded.text
         assert c.get("/collections/parts").json()["sparse_model"] == info["sparse_model"]
         assert answers() == before
@@ -141,3 +143,18 @@ def test_sparse_collections_rank_by_splade_fuse_refuse_and_survive_kill_9(defaul
         assert [[[h["id"] for h in row] for row in part] for part in after] == \
             [[[h["id"] for h in row] for row in part] for part in before]
         assert after == before  # scores and spans too: the same vectors, summed in the same order
+
+        # a reload of the sparse model with reembed: the collection's sparse vectors are the new model's
+        reloaded = c.post("/admin/models/splade/reload", json={"export": "splade-b", "reembed": True}, headers=admin)
+        assert reloaded.status_code == 200, reloaded.text
+        now = c.get("/collections/parts").json()["sparse_model"]
+        assert now["name"] == "splade" and now["sha256"] != info["sparse_model"]["sha256"]
+        for code in CODES[:3]:
+            query = f"{code} order status"
+            found = [h for h in c.post("/collections/parts/search", json={"query": query, "mode": "sparse",
+                                                                          "k": 20}).json()["results"][0]
+                     if h["id"].startswith("part-")]
+            texts = {**TICKETS, "part-KL7723": replaced["text"]}
+            expected = reference(other, [texts[h["id"]] for h in found]) @ reference(other, [query])[0]
+            assert np.allclose([h["score"] for h in found], expected, atol=TOLERANCE * 10)
+        assert c.post("/collections/parts/documents", json={"documents": [replaced]}).status_code == 200

@@ -25,10 +25,12 @@ EmbedSparse = Callable[[list[str]], SparseRows]
 
 
 def reembed(index: VectorIndex, name: str, stamp: ModelStamp, dimension: int, embed: Embed,
-            batch: int = 256, embed_sparse: EmbedSparse | None = None) -> WriteResult:
+            batch: int = 256, embed_sparse: EmbedSparse | None = None,
+            sparse_stamp: ModelStamp | None = None) -> WriteResult:
     """Rebuild `name` with `embed`'s vectors of every stored text; writes to it are refused meanwhile and
     searches keep the old vectors until the switch. Chunked documents keep their chunks' spans. A collection
-    that keeps sparse vectors gets them again from `embed_sparse` (its sparse model)."""
+    that keeps sparse vectors gets them again from `embed_sparse`: its sparse model, or a new one stamped
+    `sparse_stamp` (its vocabulary must be the same size)."""
     info = index.info(name)
     if info.model is None:
         raise InvalidRequest(f"collection {name!r} holds client vectors, not texts to re-embed")
@@ -46,5 +48,6 @@ def reembed(index: VectorIndex, name: str, stamp: ModelStamp, dimension: int, em
             else:
                 yield documents, embed(texts), embed_sparse(texts)
 
-    return index.replace_collection(CollectionSpec(name, dimension, info.index_type, stamp, info.quantization,
-                                                   info.lexical, info.sparse_model, info.sparse_dimension), batches())
+    spec = CollectionSpec(name, dimension, info.index_type, stamp, info.quantization, info.lexical,
+                          sparse_stamp or info.sparse_model, info.sparse_dimension)
+    return index.replace_collection(spec, batches())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
@@ -12,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.errors import ApiError
 from service.api.routes.common import registry, settings
-from service.api.routes.index import sparse_rows, sparse_vectors
+from service.api.routes.index import embedder_for, sparse_embedder, sparse_rows, sparse_vectors
 from service.index import ModelStamp
 from service.index.reembed import reembed
 from service.manifest import CLASSIFIER, CROSS_ENCODER, EMBEDDING, SPARSE
@@ -26,7 +27,8 @@ _reloading = asyncio.Lock()
 class ReloadRequest(BaseModel):
     export: str = Field(description="an export's folder name under SEMBED_MODELS_ROOT (never a path)",
                         examples=["cosent-20261123-1200"])
-    reembed: bool = Field(False, description="re-embed the collections this model stamped before switching "
+    reembed: bool = Field(False, description="re-embed the collections this model stamped (a sparse model: whose "
+                          "sparse vectors it made) before switching "
                           "(searches keep working throughout; writes to them wait for the switch)")
 
 
@@ -78,7 +80,18 @@ async def reload(name: str, req: ReloadRequest, request: Request):
                 for info in await run_in_threadpool(request.app.state.index.list_collections):
                     if info.model is not None and info.model.name == name and info.model != stamp:
                         await _reembed(request, info.name, stamp, staged)
-                        done.append(info.name)
+                    elif info.sparse_model is not None and info.sparse_model.name == name \
+                            and info.sparse_model != stamp:
+                        if info.model is None:  # its dense vectors are the client's: nothing to embed them again
+                            log.warning("collection %s keeps client vectors: its sparse vectors are not re-embedded "
+                                        "(its writes and sparse searches are refused until it is created again)",
+                                        info.name)
+                            continue
+                        dense = embedder_for(request, info.name, info)
+                        await _reembed(request, info.name, info.model, dense, (stamp, staged))
+                    else:
+                        continue
+                    done.append(info.name)
             except Exception as e:
                 staged_models.pop(stamp, None)
                 await loader.discard(staged)
@@ -105,20 +118,27 @@ async def reembed_collection(name: str, req: ReembedRequest, request: Request):
     return {"collection": name, "model": model, "count": result.total, "sequence": result.sequence}
 
 
-async def _reembed(request: Request, name: str, stamp: ModelStamp, model):
+async def _reembed(request: Request, name: str, stamp: ModelStamp, model,
+                   sparse: tuple[ModelStamp, Any] | None = None):
+    """Re-embed collection `name`: its dense vectors with `model` (stamped `stamp`), and its sparse ones, if it
+    keeps them, with `sparse` (a stamp and a staged sparse model) or else the sparse model it has."""
     loop = asyncio.get_running_loop()
 
     def embed(texts):
         return asyncio.run_coroutine_threadsafe(model.embed(texts), loop).result().vectors
 
     info = await run_in_threadpool(request.app.state.index.info, name)
-    embed_sparse = None
-    if info.sparse_model is not None:  # its sparse vectors are made again too, by the sparse model it keeps
+    embed_sparse, sparse_stamp = None, None
+    if info.sparse_model is not None:  # its sparse vectors are made again too
+        sparse_stamp, sparse_model = sparse if sparse is not None else (None, sparse_embedder(request, name, info))
+        if sparse_model.info.dimension != info.sparse_dimension:
+            raise ApiError(422, f"collection {name!r} keeps sparse vectors of {info.sparse_dimension} dimensions and "
+                                f"the new sparse model makes {sparse_model.info.dimension}: create the collection "
+                                "again", "Validation")
 
         def embed_sparse(texts):
-            found = asyncio.run_coroutine_threadsafe(sparse_vectors(request, name, info, texts), loop).result()
-            return sparse_rows(found)
+            return sparse_rows(asyncio.run_coroutine_threadsafe(sparse_vectors(sparse_model, texts), loop).result())
 
     log.info("re-embedding collection %s with %s", name, stamp.describe())
     return await run_in_threadpool(reembed, request.app.state.index, name, stamp, model.info.dimension, embed,
-                                   embed_sparse=embed_sparse)
+                                   embed_sparse=embed_sparse, sparse_stamp=sparse_stamp)

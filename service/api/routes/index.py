@@ -70,7 +70,7 @@ async def _call(method, *args, **kwargs):
     return await run_in_threadpool(method, *args, **kwargs)
 
 
-def _embedder_for(request: Request, collection: str, info: CollectionInfo):
+def embedder_for(request: Request, collection: str, info: CollectionInfo):
     """The model whose vectors the collection holds; refuses a collection another model made."""
     if info.model is None:
         raise InvalidRequest(f"collection {collection!r} holds client vectors only: send `vector`, not text")
@@ -99,7 +99,7 @@ async def _vectors(request: Request, collection: str, texts: Sequence[str | None
     if missing:
         if any(texts[i] is None for i in missing):
             raise InvalidRequest(f"each of {field} needs text to embed, or its own vector")
-        embedder = _embedder_for(request, collection, info)
+        embedder = embedder_for(request, collection, info)
         embedded = (await embedder.embed([texts[i] for i in missing])).vectors
     out = np.empty((len(texts), info.dimension), dtype=np.float32)
     for row, i in enumerate(missing):
@@ -132,9 +132,12 @@ def sparse_stamp(request: Request, name: str) -> tuple[ModelStamp, int]:
     return ModelStamp(name, info.graph_sha256), info.dimension
 
 
-def _sparse_embedder(request: Request, collection: str, info: CollectionInfo):
+def sparse_embedder(request: Request, collection: str, info: CollectionInfo):
     """The sparse model whose vectors the collection keeps; refuses one the service no longer runs as it was."""
     stamp = cast(ModelStamp, info.sparse_model)
+    staged = request.app.state.staged_models.get(stamp)  # a reload re-embedding before it switches
+    if staged is not None:
+        return staged
     reg = registry(request)
     served = reg.get(stamp.name).info if stamp.name in reg.names() else None
     current = ModelStamp(stamp.name, served.graph_sha256) if served is not None and served.is_sparse else None
@@ -146,15 +149,14 @@ def _sparse_embedder(request: Request, collection: str, info: CollectionInfo):
     return reg.get(stamp.name)
 
 
-async def sparse_vectors(request: Request, collection: str, info: CollectionInfo,
-                          texts: Sequence[str | None]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The collection's sparse model's vector of each text, (indices ascending, values); a row without text
-    (a document that brought its vector alone) has none."""
+async def sparse_vectors(model, texts: Sequence[str | None]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Sparse model `model`'s vector of each text, (indices ascending, values); a row without text (a document
+    that brought its vector alone) has none."""
     todo = [i for i, text in enumerate(texts) if text]
     out = [(np.empty(0, np.int64), np.empty(0, np.float32))] * len(texts)
     if todo:
         # a chunk is cut for the dense model's window: the sparse model truncates it to its own if smaller
-        found, _ = await _sparse_embedder(request, collection, info).embed_sparse(
+        found, _ = await model.embed_sparse(
             [cast(str, texts[i]) for i in todo], truncate=True)
         for i, vector in zip(todo, found):
             out[i] = (vector.indices, vector.values)
@@ -201,7 +203,7 @@ async def _documents(request: Request, collection: str, req: schemas.AddDocument
                                 "service embeds", "Validation", param="chunking")
         cut = [i for i, d in enumerate(docs) if d.vector is None and d.text]
         if cut and info.model is not None:
-            embedder = _embedder_for(request, collection, info)
+            embedder = embedder_for(request, collection, info)
             chosen = chunks.options(embedder, asked, config)
             found = await chunks.split(embedder, [cast(str, docs[i].text) for i in cut], chosen, "documents", cut)
             for i, cut_spans in zip(cut, found):
@@ -225,7 +227,7 @@ async def _documents(request: Request, collection: str, req: schemas.AddDocument
         vectors = await _vectors(request, collection, texts, given, "documents", info, owner)
     else:  # both models at once; either failing refuses the whole write
         vectors, found = await asyncio.gather(_vectors(request, collection, texts, given, "documents", info, owner),
-                                              sparse_vectors(request, collection, info, texts))
+                                              sparse_vectors(sparse_embedder(request, collection, info), texts))
         sparse = sparse_rows(found)
     return [Document(d.id, d.text or "", d.metadata, s) for d, s in zip(docs, spans)], vectors, sparse
 
@@ -351,7 +353,9 @@ async def search(name: str, req: schemas.SearchRequest, request: Request):
     else:  # sparse, hybrid: the query's sparse vector where the collection keeps them (else the index refuses)
         check_batch(request, len(req.queries), "query")
         info = await _call(_index(request).info, name)
-        embedded = sparse_vectors(request, name, info, req.queries) if info.sparse_model is not None else None
+        embedded = None
+        if info.sparse_model is not None:
+            embedded = sparse_vectors(sparse_embedder(request, name, info), req.queries)
         if req.mode == "sparse":
             queries = None
             found = await embedded if embedded is not None else None
