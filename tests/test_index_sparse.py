@@ -336,3 +336,34 @@ def test_re_embedding_makes_the_sparse_vectors_again_or_is_refused_without_the_s
     assert sorted(seen) == sorted([text[:cut], text[cut:], TEXTS["dog"], TEXTS["cat"]])  # each chunk's text
     assert sparse_search(index, "QX9981 fox", "lazy dog", "cat") == before
     index.close()
+
+
+# --- over HTTP, in process (fake backends) ------------------------------------------------------------------
+
+def test_http_a_write_whose_sparse_embedding_fails_is_refused_whole(tmp_path):
+    """The dense vectors come with the documents, so only the sparse model embeds: its engine fails on the word FAIL
+    (the fake backend's failure), and nothing of the write is stored."""
+    import httpx
+
+    from service.engine.backends.fake import FakeBackend
+    from service.engine.core import Engine
+    from service.manifest import SPARSE
+    from tests.test_index_api import make_server
+
+    with make_server(tmp_path) as live, httpx.Client(base_url=live.url, timeout=30) as c:
+        live.registry.add_in_process("sparse", Engine(FakeBackend(name="sparse", dimension=64, kind=SPARSE)))
+        reply = c.post("/collections", json={"name": "c", "model": "main", "sparse_model": "sparse"})
+        assert reply.status_code == 201 and reply.json()["sparse_model"]["name"] == "sparse", reply.text
+        assert reply.json()["sparse_dimension"] == 64
+        reply = c.post("/collections", json={"name": "x", "sparse_model": "main"})
+        assert reply.status_code == 422 and "the served sparse models are sparse" in reply.json()["error"]
+        one = {"id": "a", "text": "a man plays the guitar", "vector": [1.0] * 8}
+        assert c.post("/collections/c/documents", json={"documents": [one]}).status_code == 200
+        failing = [{"id": "b", "text": "a woman plays the piano", "vector": [0.5] * 8},
+                   {"id": "a", "text": "this one FAIL to embed", "vector": [0.2] * 8}]
+        reply = c.post("/collections/c/documents", json={"documents": failing})
+        assert reply.status_code == 424 and "FAIL" in reply.json()["error"], reply.text  # the model failed on it
+        assert c.get("/collections/c").json()["count"] == 1  # neither b nor the new a
+        assert c.get("/collections/c/documents/a").json()["text"] == one["text"]
+        hits = c.post("/collections/c/search", json={"query": "guitar", "mode": "sparse"}).json()["results"][0]
+        assert [h["id"] for h in hits] in ([], ["a"])  # the fake model's vectors: only a is stored
