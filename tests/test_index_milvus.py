@@ -270,3 +270,18 @@ def test_lexical_indexes_and_their_search_modes_are_refused_by_name(index, name)
             index.search(name, unit([[1, 0, 0, 0]]), SearchParams(mode=mode, texts=["fox"]))
     assert index.info(name).lexical is False
     assert [h.id for h in index.search(name, unit([[1, 0, 0, 0]]), SearchParams())[0]] == ["a"]
+
+
+def test_sparse_vectors_and_their_search_mode_are_refused_by_name(index, name):
+    from service.index import ModelStamp
+    from service.index.base import SparseRows
+
+    with pytest.raises(InvalidRequest, match="sparse vectors .* not available on the milvus backend"):
+        index.create_collection(CollectionSpec("t" + uuid.uuid4().hex[:12], DIM, sparse_model=ModelStamp("s", "0" * 64),
+                                               sparse_dimension=100))
+    rows = SparseRows(np.array([0, 1], np.int64), np.array([3], np.int32), np.ones(1, np.float32))
+    with pytest.raises(InvalidRequest, match="keeps no sparse vectors"):
+        index.upsert(name, [Document("a", "a red fox")], unit([[1, 0, 0, 0]]), rows)
+    with pytest.raises(InvalidRequest, match="mode 'sparse' needs a lexical index or sparse vectors"):
+        index.search(name, None, SearchParams(mode="sparse", sparse_queries=[([3], [1.0])]))
+    assert index.info(name).sparse_model is None and index.get(name, ["a"]) == []
