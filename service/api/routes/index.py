@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api import chunking as chunks
 from service.api import schemas
 from service.api.errors import ApiError
+from service.api.registry import ServedModel
 from service.api.routes.common import NumpyJSONResponse, check_batch, registry, settings
 from service.index import (
     DEFAULT_COLLECTION,
@@ -149,7 +150,7 @@ def sparse_embedder(request: Request, collection: str, info: CollectionInfo):
     return reg.get(stamp.name)
 
 
-async def sparse_vectors(model, texts: Sequence[str | None]) -> list[tuple[np.ndarray, np.ndarray]]:
+async def sparse_vectors(model: ServedModel, texts: Sequence[str | None]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Sparse model `model`'s vector of each text, (indices ascending, values); a row without text (a document
     that brought its vector alone) has none."""
     todo = [i for i, text in enumerate(texts) if text]
