@@ -103,6 +103,27 @@ def test_dead_slots_and_filters_are_left_out_and_merges_drop_dead_entries(small_
     assert np.allclose(store.rows(state, rows).toarray(), matrix[rows])
 
 
+def test_a_block_no_merge_takes_is_made_again_once_a_quarter_of_it_died(monkeypatch):
+    monkeypatch.setattr(sparse_module, "TAIL_ROWS", 10)
+    monkeypatch.setattr(sparse_module, "MAX_BLOCK_ROWS", 20)  # blocks of 20 rows never merge again
+    rng = np.random.default_rng(3)
+    store = SparseStore(VOCAB)
+    live = np.ones(100, bool)
+    matrix = random_rows(rng, 100, active=8)
+    for first in range(0, 40, 10):
+        store.append(first, as_rows(matrix[first: first + 10]), live)
+    assert [(b.first, b.matrix.shape[0]) for b in store.view().blocks] == [(0, 20), (20, 20)]
+    live[[1, 2, 3, 4, 5, 21, 22]] = False  # a quarter of the first block, less of the second
+    store.append(40, as_rows(matrix[40:50]), live)
+    first, second, _ = store.view().blocks
+    assert first.matrix.nnz == np.count_nonzero(matrix[:20][live[:20]]) and first.dropped == 5
+    assert second.matrix.nnz == np.count_nonzero(matrix[20:40]) and second.dropped == 0  # under a quarter: kept
+    for query in random_rows(rng, 5, active=20):
+        [(scores, slots)] = store.search([query_of(query)], 10, live, None)
+        want, want_scores = expected(matrix[:50], live, query, 10)
+        assert slots.tolist() == want and np.allclose(scores, want_scores, atol=1e-6)
+
+
 def test_ties_go_to_the_earlier_slot_and_a_query_sharing_no_dimension_finds_nothing():
     store = SparseStore(VOCAB)
     live = np.ones(10, bool)

@@ -6,8 +6,8 @@ append rows: a write's rows join a tail of small row-ordered (CSR) pieces; once 
 `TAIL_ROWS` rows it becomes a column-ordered block, and a block is merged with the one before it while that
 one is no larger (up to `MAX_BLOCK_ROWS`), so a collection of n rows has O(log n) blocks and each row is
 copied O(log n) times. A merge leaves out the entries of dead slots (deleted or replaced: a slot never
-comes back to life), so their memory is given back as blocks merge; the log's replay and a snapshot's load
-store the live rows alone.
+comes back to life), and a block a quarter of whose rows died since it was made is made again without them, so
+their memory is given back; a snapshot's load stores the live rows alone.
 
 Only the committer thread appends. Searches run beside it without a lock: the store's state (its blocks and
 tail) is one immutable tuple, replaced whole, and a written row never changes.
@@ -31,6 +31,7 @@ MAX_BLOCK_ROWS = 65_536  # a merge makes no block larger: it bounds the pause a 
 class _Block(NamedTuple):
     first: int  # its first slot
     matrix: sp.csc_array  # rows: slots first ... first + rows - 1
+    dropped: int = 0  # its dead rows whose entries were left out when it was made
 
 
 class _State(NamedTuple):
@@ -88,22 +89,30 @@ class SparseStore:
                 and rows_before + blocks[-1].matrix.shape[0] <= MAX_BLOCK_ROWS:
             last = blocks.pop()
             before = blocks.pop()
-            blocks.append(_Block(before.first, self._live_only(before, last, live)))
+            blocks.append(self._live_only(before.first, _stack([before.matrix, last.matrix], self.dimension), live))
+        # a block no merge takes any more (the largest) is made again once a quarter of it died since it was made
+        blocks = [self._live_only(b.first, b.matrix, live)
+                  if 4 * (self._dead(b, live) - b.dropped) >= max(b.matrix.shape[0], 1) else b for b in blocks]
         self._state = _State(tuple(blocks), end, (), end)
 
-    def _live_only(self, before: _Block, last: _Block, live: np.ndarray) -> sp.csc_array:
-        """The two blocks as one, without the entries of slots no longer live."""
-        merged = _stack([before.matrix, last.matrix], self.dimension)
-        rows = merged.shape[0]
+    @staticmethod
+    def _dead(block: _Block, live: np.ndarray) -> int:
+        rows = block.matrix.shape[0]
+        return rows - int(np.count_nonzero(live[block.first: block.first + rows]))
+
+    def _live_only(self, first: int, matrix: sp.csc_array, live: np.ndarray) -> _Block:
+        """The block of `matrix` at slot `first` without the entries of slots no longer live."""
+        rows = matrix.shape[0]
         alive = np.zeros(rows, dtype=bool)
-        flags = live[before.first: before.first + rows]
+        flags = live[first: first + rows]
         alive[: len(flags)] = flags
-        keep = alive[merged.indices]
+        dead = rows - int(np.count_nonzero(alive))
+        keep = alive[matrix.indices]
         if keep.all():
-            return merged
-        columns = np.repeat(np.arange(self.dimension), np.diff(merged.indptr))[keep]
-        return sp.csc_array(sp.coo_array((merged.data[keep], (merged.indices[keep], columns)),
-                                         shape=merged.shape).tocsc())
+            return _Block(first, matrix, dead)
+        columns = np.repeat(np.arange(self.dimension), np.diff(matrix.indptr))[keep]
+        kept = sp.coo_array((matrix.data[keep], (matrix.indices[keep], columns)), shape=matrix.shape).tocsc()
+        return _Block(first, sp.csc_array(kept), dead)
 
     def _tail(self, state: _State) -> sp.csr_array:
         """The tail as one row-ordered matrix (a query reads all of it: it is small), made once per state by the
@@ -166,7 +175,8 @@ class SparseStore:
     def rows(self, state: _State, slots: np.ndarray) -> sp.csr_array:
         """The rows of `slots` (ascending, below state.end) in the store as `state` held it: a snapshot's."""
         pieces = []
-        for first, matrix in (*state.blocks, (state.tail_first, self._tail(state))):
+        parts: list[tuple[int, sp.sparray]] = [(b.first, b.matrix) for b in state.blocks]
+        for first, matrix in (*parts, (state.tail_first, self._tail(state))):
             size = matrix.shape[0]
             mine = slots[(slots >= first) & (slots < first + size)]
             if len(mine):
