@@ -14,6 +14,7 @@ embed_v1, embed_v2, rerank_v1, rerank_v2  # Cohere's (service/api/routes/cohere.
 # pydantic reads model_config and calls the validators; fields clients send or read, or exports record
 model_config
 _._lift_parameters, _._one_query_kind, _._some_weight, _._unique_ids, _._pairs, _._one_prompt, _._sequences
+_._lexical_is_local  # a pydantic model validator of Settings
 added, deleted, embedding, total_tokens, usage, user, parameters
 base_model, created_at, opset, outputs, pad_token, parity_max_abs_diff, pooling, training
 
