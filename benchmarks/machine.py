@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
 import platform
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from service.engine.hardware import cpu_flags, cpuinfo_field
@@ -30,9 +33,21 @@ def finish(checks: list[tuple[str, bool]], results: dict, out: Path | None) -> i
         print(f"{'PASS' if ok else 'FAIL'}  {text}")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
+        # what RESULTS.md cites a figure with: the command, when, and at which commit
+        results.setdefault("command", " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+        results.setdefault("date", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+        results.setdefault("commit", git_commit())
         results["checks"] = {text: ok for text, ok in checks}
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0 if all(ok for _, ok in checks) else 1
+
+
+def git_commit() -> str:
+    """The repository's HEAD, short ("unknown" outside a git checkout)."""
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent.parent,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    return "unknown"
 
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = report(results, [p.name for p in work])
     print(f"\nload average (1 min) over the run: {min(load):.1f}-{max(load):.1f}")
     record = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": git_commit(),
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": machine.git_commit(),
               "cpu": cpu, "load_average": load, "settings": {k: str(v) for k, v in vars(args).items()},
               "results": results, "rounds": rounds}
     print()
@@ -469,13 +469,6 @@ def corpus_sentences(data_dir: Path, n: int) -> list[str]:
     rng = random.Random(0)
     vocab = "the a man woman dog plays runs eats reads near under old young river city guitar book music".split()
     return [" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 14))) + "." for _ in range(n)]
-
-
-def git_commit() -> str:
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    return "unknown"
 
 
 if __name__ == "__main__":
