@@ -102,31 +102,43 @@ def test_passes_keep_the_token_budget_the_row_cap_and_similar_lengths():
 
 
 def test_a_tighter_padding_ratio_pads_less_and_keeps_every_row_within_it():
-    from service.engine.queue import BatchQueue, Job
+    from service.engine.queue import LONE_PADDING_RATIO, BatchQueue, Job
     from service.ipc.messages import TokenBatch
 
     rng = np.random.default_rng(0)
     lengths = [[int(n) for n in rng.integers(3, 49, 32)] for _ in range(8)]  # eight requests of 32 texts
 
-    def passes(ratio: float) -> list[list[int]]:
+    def passes(ratio: float, requests: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """Each pass's row lengths, and whether its request was alone in the queue when it was formed."""
         queue = BatchQueue(max_batch_tokens=4096, max_batch_requests=64, pad_to_multiple_of=2, max_seq_length=64,
                            max_padding_ratio=ratio)
-        for sizes in lengths:
-            queue.put(Job(TokenBatch.from_rows([[7] * n for n in sizes]), 8, float("inf"), lambda job: None))
+        jobs = [Job(TokenBatch.from_rows([[7] * n for n in sizes]), 8, float("inf"), lambda job: None)
+                for sizes in requests]
+        for job in jobs:
+            queue.put(job)
         out = []
         while queue.queued_tokens:
-            out.append([job.sorted_lengths[start + k] for job, start, n in queue.next_batch().parts for k in range(n)])
+            alone = sum(job.unscheduled > 0 for job in jobs) == 1
+            out.append(([job.sorted_lengths[start + k] for job, start, n in queue.next_batch().parts
+                         for k in range(n)], alone))
         return out
 
-    def padded(rows: list[list[int]]) -> int:
-        return sum(len(p) * max(padded_length(n, 2) for n in p) for p in rows)
+    def padded(rows: list[tuple[list[int], bool]]) -> int:
+        return sum(len(p) * max(padded_length(n, 2) for n in p) for p, _ in rows)
 
-    loose, tight = passes(2.0), passes(1.25)
-    for ratio, rows in ((2.0, loose), (1.25, tight)):
-        assert sorted(n for p in rows for n in p) == sorted(n for sizes in lengths for n in sizes)  # every row once
-        assert all(max(padded_length(n, 2) for n in p) <= ratio * min(padded_length(n, 2) for n in p) for p in rows)
+    def within(rows: list[int], ratio: float) -> bool:
+        return max(padded_length(n, 2) for n in rows) <= ratio * min(padded_length(n, 2) for n in rows)
+
+    loose, tight = passes(2.0, lengths), passes(1.25, lengths)
+    for ratio, made in ((2.0, loose), (1.25, tight)):
+        assert sorted(n for p, _ in made for n in p) == sorted(n for sizes in lengths for n in sizes)  # each once
+        assert all(within(p, LONE_PADDING_RATIO if alone else ratio) for p, alone in made)
     real = sum(map(sum, lengths))
     assert real / padded(tight) > 0.85 > real / padded(loose)  # the padding a pass computes for nothing
+    # a request alone in the queue is cut by the loose ratio: no row padded past twice its length, some past 1.25
+    alone = passes(1.25, lengths[:1])
+    assert all(lone for _, lone in alone) and all(within(p, LONE_PADDING_RATIO) for p, _ in alone)
+    assert not all(within(p, 1.25) for p, _ in alone)
 
 
 def test_with_row_buckets_the_budget_bounds_the_padded_rows():

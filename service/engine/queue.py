@@ -5,9 +5,9 @@ Modelled on TEI's `core/src/queue.rs`, with three changes for a CPU where one pa
   each with as many of its rows as the pass takes, so a one-text request arriving behind a
   256-text request runs in the next pass, not after it, and large requests take turns pass by pass;
 - **grouped by length**: a row joins a pass only if the pass's padded length stays within
-  `max_padding_ratio` times the row's own (the settings' default: 1.25 on a CPU, 2 on a GPU), so
-  short texts are not padded to a long neighbour's length (the budget alone would allow 63 short
-  rows at 256 tokens each);
+  `max_padding_ratio` times the row's own (the settings' default: 1.25 on a CPU, 2 on a GPU; 2 for a
+  request alone in the queue), so short texts are not padded to a long neighbour's length (the
+  budget alone would allow 63 short rows at 256 tokens each);
 - **bounded**: a request those two rules leave out of two passes leads the next one, so a longer text is not
   kept waiting for as long as shorter ones keep arriving.
 
@@ -35,6 +35,8 @@ from service.ipc.messages import TokenBatch
 #: a request left out of this many passes leads the next one (two: a one-text request arriving behind a large
 #: one that has not started yet still goes first, as the least served)
 MAX_PASSED_OVER = 2
+#: the padding ratio for a request alone in the queue (see _select)
+LONE_PADDING_RATIO = 2.0
 
 
 @dataclass(eq=False)
@@ -268,7 +270,10 @@ class BatchQueue:
             jobs.remove(leader)
             jobs.insert(0, leader)
         taken: dict[Job, int] = {}
-        multiple, cap, ratio = self.pad_to_multiple_of, self.max_batch_requests, self.max_padding_ratio
+        multiple, cap = self.pad_to_multiple_of, self.max_batch_requests
+        # A request alone in the queue: the rows a tight ratio leaves out make passes of their own, with nothing else
+        # to group them with, so each pass's fixed cost is paid for less padding saved: the loose ratio.
+        ratio = self.max_padding_ratio if len(jobs) > 1 else max(self.max_padding_ratio, LONE_PADDING_RATIO)
         rows = seq_len = shortest = 0
         for job in jobs:
             if rows == cap:
