@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
 import random
@@ -451,8 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     results = combine(rounds)
     checks = report(results, [p.name for p in work])
     print(f"\nload average (1 min) over the run: {min(load):.1f}-{max(load):.1f}")
+    # machine.finish adds the date and commit, as for every bench
     record = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": machine.git_commit(),
               "cpu": cpu, "load_average": load, "settings": {k: str(v) for k, v in vars(args).items()},
               "results": results, "rounds": rounds}
     print()
