@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "
                            "the export); fails at start where TensorRT is not installed")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
+    # Two by default: onnxruntime's threads wait for each other after every op of a pass, and two passes at once on
+    # half the cores each get through 12-18% more than one on all of them (RESULTS.md, "Serving on a CPU").
+    streams: int = Field(0, ge=0, description="CPU: passes an engine runs at once, each on SEMBED_INTRA_OP_THREADS / "
+                         "streams threads, a pass alone in the queue on all of them (the same bits either way; one "
+                         "more copy of the model's weights in memory); 0 = 2 (1 with one core, and on cuda); 1: one "
+                         "pass at a time")
     # Off by default: under load the API processes share the cores with the engine's threads, and threads that
     # spin take the CPU the API processes need (RESULTS.md, "Against other servers").
     intra_op_spinning: bool = Field(False, description="onnxruntime threads busy-wait within a pass (never between "

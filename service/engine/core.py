@@ -4,10 +4,11 @@ Per request (TEI's `core/src/infer.rs`, tokenisation left to the API processes):
 by expected wait (admission.py), queue the rows, wait for the inference thread to fill them. The
 answer carries the vectors and where the time went.
 
-One inference thread runs the passes (a device runs one pass at a time; onnxruntime already
-spreads a CPU pass over every core). On CUDA a second thread selects the next pass while the current
-one runs, so the device waits for Python only to join and pad its rows. A pass that fails is retried
-row by row, so a bad input fails its own request and no other.
+One inference thread per stream runs the passes: on a GPU one (a device runs one pass at a time), and
+a second thread selects the next pass while the current one runs, so the device waits for Python only
+to join and pad its rows; on a CPU the backend's `streams` (two by default), each pass on its share of
+the cores, a lone pass on all of them (queue.py, "Streams"). A pass that fails is retried row by row,
+so a bad input fails its own request and no other.
 """
 
 from __future__ import annotations
@@ -84,15 +85,19 @@ class Engine:
         self.config = config
         self.metrics = metrics or EngineMetrics()
         self.pad_to_multiple_of = backend.pad_to_multiple_of
-        # a pass must hold at least one input of the model's full length
-        budget = max(config.max_batch_tokens, padded_length(backend.info.max_seq_length, self.pad_to_multiple_of))
-        self.queue = BatchQueue(budget, config.max_batch_requests, self.pad_to_multiple_of,
-                                backend.info.max_seq_length, QueueDeadline, backend.row_buckets,
-                                config.max_padding_ratio)
+        self.streams = streams = getattr(backend, "streams", 1)
+        # a pass must hold at least one input of the model's full length; with streams, the budget is shared
+        # among the passes running at once (a pass on a stream takes as long as a whole-budget pass on every core)
+        full_length = padded_length(backend.info.max_seq_length, self.pad_to_multiple_of)
+        budget = max(config.max_batch_tokens, full_length)
+        self.queue = BatchQueue(max(budget // streams, full_length), max(1, config.max_batch_requests // streams),
+                                self.pad_to_multiple_of, backend.info.max_seq_length, QueueDeadline,
+                                backend.row_buckets, config.max_padding_ratio, streams)
         self.info = ModelInfo(**{**vars(backend.info), "max_batch_tokens": budget})
         self.admission = Admission(config.max_queue_wait_s)
         self._held_inputs = 0
-        self._running_tokens = 0  # of the pass on the device now: work ahead of every new request
+        self._running_tokens = 0  # of the passes running now: work ahead of every new request
+        self._running_lock = threading.Lock()
         self._prepared: threading_queue.Queue[Batch | None] = threading_queue.Queue(maxsize=1)
         self._threads: list[threading.Thread] = []
         self._accepting = False
@@ -106,7 +111,8 @@ class Engine:
         return self._held_inputs
 
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._inference_loop, name=f"infer-{self.info.model}", daemon=True)]
+        self._threads = [threading.Thread(target=self._inference_loop, name=f"infer-{self.info.model}-{k}", daemon=True)
+                         for k in range(self.streams)]
         if self.config.prefetch:
             self._threads.append(threading.Thread(target=self._assemble_loop, name=f"assemble-{self.info.model}",
                                                   daemon=True))
@@ -201,48 +207,60 @@ class Engine:
 
     def _inference_loop(self) -> None:
         while (batch := self._prepared.get() if self.config.prefetch else self.queue.next_batch()) is not None:
-            self.metrics.queue_rows.set(self.queue.queued_rows())
-            # callers may have left while it waited (prefetched): their rows are dropped here, not run
-            parts = [part for part in batch.parts if not (part[0].cancelled or part[0].finished)]
-            if not parts:
-                continue
-            self._running_tokens = sum(job.tokens(start, n) for job, start, n in parts)
             try:
-                self._run(parts)
-            except BaseException as e:  # never lose the thread: fail what it held and go on
-                log.exception("inference pass failed unexpectedly")
-                for job, _, _ in parts:
-                    job.fail(InferenceFailed(f"internal error in the inference thread: {type(e).__name__}"))
+                self._run_batch(batch)
             finally:
-                self._running_tokens = 0
+                self.queue.done(batch)
 
-    def _run(self, parts: list[tuple[Job, int, int]]) -> None:
+    def _run_batch(self, batch: Batch) -> None:
+        self.metrics.queue_rows.set(self.queue.queued_rows())
+        # callers may have left while it waited (prefetched): their rows are dropped here, not run
+        parts = [part for part in batch.parts if not (part[0].cancelled or part[0].finished)]
+        if not parts:
+            return
+        tokens = sum(job.tokens(start, n) for job, start, n in parts)
+        self._add_running(tokens)
+        try:
+            self._run(parts, batch.wide)
+        except BaseException as e:  # never lose the thread: fail what it held and go on
+            log.exception("inference pass failed unexpectedly")
+            for job, _, _ in parts:
+                job.fail(InferenceFailed(f"internal error in the inference thread: {type(e).__name__}"))
+        finally:
+            self._add_running(-tokens)
+
+    def _add_running(self, tokens: int) -> None:
+        with self._running_lock:
+            self._running_tokens += tokens
+
+    def _run(self, parts: list[tuple[Job, int, int]], wide: bool = True) -> None:
         batch = TokenBatch.concat([job.rows(start, n) for job, start, n in parts])
         seq_len = padded_length(max(job.longest(start, n) for job, start, n in parts), self.pad_to_multiple_of)
         start_time = time.perf_counter()
         states = None
         try:
             if any(job.token_states for job, _, _ in parts):  # /embed_all's rows: this pass gives token states too
-                normalized, raw, states = self.backend.run_tokens(batch, seq_len)
+                normalized, raw, states = self.backend.run_tokens(batch, seq_len, wide)
             else:
-                normalized, raw = self.backend.run(batch, seq_len)
+                normalized, raw = self.backend.run(batch, seq_len, wide)
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each row alone gives the same bits as in the batch
                 for job, start, n in parts:
                     for k in range(n):
-                        self._run([(job, start + k, 1)])
+                        self._run([(job, start + k, 1)], wide)
             else:
                 log.warning("input failed in the model: %s", e)
                 parts[0][0].fail(InferenceFailed(f"the model failed on an input: {e}"))
             return
         seconds = time.perf_counter() - start_time
         tokens = batch.tokens
-        self.admission.observe_pass(tokens, seconds)
+        # admission's rate is the engine's: a pass on one stream of several runs beside the others' passes
+        self.admission.observe_pass(tokens * (1 if wide else self.streams), seconds)
         self.metrics.observe_pass(len(batch), tokens, len(batch) * seq_len, seconds)
         row = 0
         for job, start, n in parts:  # a job's rows are consecutive in the pass: one slice each
-            job.inference_s += seconds
-            job.fill(start, normalized[row:row + n], raw[row:row + n], None if states is None else states[row:row + n])
+            job.fill(start, normalized[row:row + n], raw[row:row + n], None if states is None else states[row:row + n],
+                     seconds)
             row += n
 
 

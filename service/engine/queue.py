@@ -15,7 +15,12 @@ A pass holds at most `max_batch_requests` rows and `max_batch_tokens` tokens cou
 padding (rows × padded length, the rows too where the backend pads their count to buckets, as on
 CUDA), which is what the model computes and what bounds its memory.
 Requests whose caller left, or whose deadline passed, are dropped before they reach the model.
-The queue is shared by the submitting thread (put) and the inference thread (next_batch): one lock.
+
+**Streams**: on a CPU the engine runs `streams` passes at once, each on its share of the cores (one
+pass on every core loses time to the threads' synchronisation after every op; RESULTS.md, "Serving
+on a CPU"). A pass that leaves the queue empty while no other runs is *wide*: it runs alone on every
+core (a lone request gets the latency of all of them), and no other pass starts until it ends.
+The queue is shared by the submitting thread (put) and the inference threads (next_batch, done): one lock.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class Job:
     _cumulative: list[int] = field(init=False)  # tokens of the first k rows in that order
     _cursor: int = 0
     _pending: int = field(init=False)
+    # passes on two streams may fill the same job at once, and the queue may fail it meanwhile (its deadline)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     prompt_tokens: int = field(init=False)
     _finished: bool = False
 
@@ -125,9 +132,10 @@ class Job:
     def tokens(self, start: int, n: int) -> int:
         return self._cumulative[start + n] - self._cumulative[start]
 
-    def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray, states: np.ndarray | None = None) -> None:
-        """The vectors of the rows at scheduling positions start.. (one pass's share of this job); a token job's
-        from `states` [n, seq, dimension], each row's real tokens."""
+    def fill(self, start: int, normalized: np.ndarray, raw: np.ndarray, states: np.ndarray | None = None,
+             seconds: float = 0.0) -> None:
+        """The vectors of the rows at scheduling positions start.. (one pass's share of this job, the pass taking
+        `seconds`); a token job's from `states` [n, seq, dimension], each row's real tokens."""
         vectors = normalized if self.normalize else raw
         n = len(vectors)
         if self.token_states:
@@ -136,8 +144,11 @@ class Job:
             self.vectors[start:start + n] = vectors
         else:
             self.vectors[self._order[start:start + n]] = vectors
-        self._pending -= n
-        if self._pending == 0:
+        with self._lock:
+            self.inference_s += seconds
+            self._pending -= n
+            done = self._pending == 0
+        if done:
             self._finish()
 
     def _fill_tokens(self, start: int, n: int, states: np.ndarray | None) -> None:
@@ -155,9 +166,11 @@ class Job:
             self._finish()
 
     def _finish(self) -> None:
-        if not self._finished:
+        with self._lock:
+            if self._finished:
+                return
             self._finished = True
-            self.on_done(self)
+        self.on_done(self)
 
 
 @dataclass
@@ -166,12 +179,13 @@ class Batch:
     share of the pass is one slice of the output (the runner pads the rows to their longest)."""
 
     parts: list[tuple[Job, int, int]]
+    wide: bool = False  # alone: on every core, no other pass meanwhile (see Streams above)
 
 
 class BatchQueue:
     def __init__(self, max_batch_tokens: int, max_batch_requests: int, pad_to_multiple_of: int,
                  max_seq_length: int, deadline_error: type[Exception] = TimeoutError,
-                 row_buckets: tuple[int, ...] = (), max_padding_ratio: float = 2.0):
+                 row_buckets: tuple[int, ...] = (), max_padding_ratio: float = 2.0, streams: int = 1):
         if padded_length(max_seq_length, pad_to_multiple_of) > max_batch_tokens:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} cannot hold one input of the model's "
                              f"max_seq_length ({max_seq_length})")
@@ -184,7 +198,10 @@ class BatchQueue:
         self._cond = threading.Condition()
         self._jobs: list[Job] = []
         self._closed = False
-        self._waiting = False  # the inference thread sleeps on _cond
+        self.streams = streams  # passes that may run at once (see Streams above)
+        self._waiting = 0  # inference threads asleep on _cond
+        self._running = 0  # passes handed out and not yet done
+        self._wide_running = False
         self._row_limits: dict[int, int] = {}  # padded length → rows the budget allows (rows_within)
         self._queued_tokens = 0  # every queued request's tokens not yet in a pass (cancelled ones until dropped)
 
@@ -229,18 +246,33 @@ class BatchQueue:
 
     # --- inference-thread side ------------------------------------------------------------------
     def next_batch(self) -> Batch | None:
-        """Block until a pass can be formed; None once the queue is closed and empty."""
+        """Block until a pass can be formed (and no wide pass runs); None once the queue is closed and empty.
+        Every pass handed out is given back with `done` once it has run."""
         with self._cond:
             while True:
                 self._drop_dead(time.monotonic())
-                if not self._jobs:
-                    if self._closed:
-                        return None
-                    self._waiting = True
-                    self._cond.wait()
-                    self._waiting = False
-                    continue
-                return self._select()
+                if self._jobs and not self._wide_running:
+                    break
+                if not self._jobs and self._closed:
+                    return None
+                self._waiting += 1
+                self._cond.wait()
+                self._waiting -= 1
+            batch = self._select()
+            batch.wide = self._wide_running = self.streams > 1 and not self._running and not self._jobs
+            self._running += 1
+            if self._jobs and self._waiting:  # more than this pass waits: another stream can start one
+                self._cond.notify()
+            return batch
+
+    def done(self, batch: Batch) -> None:
+        """`batch`'s pass has run: its stream is free again (after a wide pass, every stream is)."""
+        with self._cond:
+            self._running -= 1
+            if batch.wide:
+                self._wide_running = False
+            if self._waiting:
+                self._cond.notify()
 
     def _drop_dead(self, now: float) -> None:
         alive = []

@@ -344,7 +344,7 @@ def load_engine(settings: Settings, export_dir: str | Path, metrics: EngineMetri
     backend = create_backend(settings.backend, export_dir, device=settings.device,
                              intra_op_threads=settings.intra_op_threads, pad_to_multiple_of=settings.pad_to_multiple_of,
                              variant=choose_variant(settings, export_dir), spin=settings.intra_op_spinning,
-                             tensorrt=settings.tensorrt)
+                             tensorrt=settings.tensorrt, streams=settings.streams)
     backend.warmup(settings.batch_token_budget(), settings.batch_row_cap())
     backend.self_check()  # never ready on an export that does not give its recorded vectors
     engine = Engine(backend, EngineConfig.from_settings(settings), metrics)

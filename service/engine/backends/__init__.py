@@ -22,12 +22,13 @@ def served_name(kind: str, export_dir: str | Path) -> str:
 
 def create_backend(kind: str, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
                    pad_to_multiple_of: int = 0, variant: str = "fp32", spin: bool = False,
-                   tensorrt: bool = False) -> Backend:
+                   tensorrt: bool = False, streams: int = 1) -> Backend:
     if kind == "onnx":
         from service.engine.backends.onnx import OnnxBackend
 
         return OnnxBackend(export_dir, device=device, intra_op_threads=intra_op_threads,
-                           pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin, tensorrt=tensorrt)
+                           pad_to_multiple_of=pad_to_multiple_of, variant=variant, spin=spin, tensorrt=tensorrt,
+                           streams=streams)
     if kind == "null":
         from service.engine.backends.null import NullBackend
 

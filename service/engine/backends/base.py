@@ -19,6 +19,7 @@ class Backend(Protocol):
     info: ModelInfo
     pad_to_multiple_of: int  # the engine pads every pass to a multiple of it (1: to the longest row)
     row_buckets: tuple[int, ...]  # a pass's row count is padded up to one of these (none: not padded)
+    streams: int  # passes it runs at once, each on its share of the cores (the engine runs a thread per stream)
 
     @property
     def tokenizer(self) -> TextTokenizer:
@@ -26,11 +27,13 @@ class Backend(Protocol):
         caller's own process is served with it (ModelRegistry.add_in_process: tests, tools); the API processes
         load theirs from the export (api/topology.py)."""
 
-    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, batch: TokenBatch, seq_len: int, wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One forward pass over `batch`'s rows padded to `seq_len`: (normalised, raw) float32 [n, dim];
-        a cross-encoder's scores as both, [n, 1]."""
+        a cross-encoder's scores as both, [n, 1]. `wide`: on every core, else on one stream's share of them
+        (the same bits either way; one stream: no difference)."""
 
-    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_tokens(self, batch: TokenBatch, seq_len: int,
+                   wide: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`run`, and every row's token states too, [n, seq_len, hidden] (TEI's /embed_all); the engine asks only
         a backend whose `info.token_dimension` is not 0, and any other raises BackendError."""
 

@@ -28,7 +28,7 @@ CLS, SEP, FAIL = WordTokenizer.CLS, WordTokenizer.SEP, WordTokenizer.FAIL
 class FakeBackend:
     def __init__(self, name: str = "fake", dimension: int = 8, max_seq_length: int = 32,
                  pad_to_multiple_of: int = 16, seconds_per_token: float = 0.0, kind: str = EMBEDDING,
-                 row_buckets: tuple[int, ...] = ()):
+                 row_buckets: tuple[int, ...] = (), streams: int = 1):
         if kind == CROSS_ENCODER:
             dimension = 1  # the score
         self.info = ModelInfo(model=name, dimension=dimension, max_seq_length=max_seq_length, device="cpu",
@@ -38,12 +38,16 @@ class FakeBackend:
                               graph_sha256=hashlib.sha256(f"fake:{name}:{dimension}".encode()).hexdigest())
         self.pad_to_multiple_of = pad_to_multiple_of
         self.row_buckets = row_buckets  # as a CUDA backend pads its passes' row counts
+        self.streams = streams
         self.seconds_per_token = seconds_per_token
         self.tokenizer = WordTokenizer(max_seq_length)
         self.gate = threading.Event()
         self.gate.set()
         self.at_gate = threading.Event()  # a pass has reached the gate (and waits there while it is closed)
         self.passes: list[list[int]] = []  # the unpadded lengths of each forward pass's rows
+        self.wide: list[bool] = []  # each pass's `wide`
+        self.running = self.most_running = 0  # passes in `run` now, and the most at once
+        self._count = threading.Lock()
         self.padded_tokens: list[int] = []  # rows (bucketed) × seq_len of each pass
         self.healthy = True
 
@@ -51,15 +55,24 @@ class FakeBackend:
         """Texts as the engine receives them (tests)."""
         return self.tokenizer.encode(texts)[0]
 
-    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-        self.at_gate.set()
-        self.gate.wait()
-        lengths = batch.lengths.tolist()
-        assert max(lengths) <= seq_len, "a row longer than its batch"
-        self.passes.append(lengths)
-        self.padded_tokens.append(bucketed_rows(len(batch), self.row_buckets) * seq_len)
-        if self.seconds_per_token:
-            time.sleep(self.seconds_per_token * self.padded_tokens[-1])
+    def run(self, batch: TokenBatch, seq_len: int, wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        with self._count:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        try:
+            self.at_gate.set()
+            self.gate.wait()
+            lengths = batch.lengths.tolist()
+            assert max(lengths) <= seq_len, "a row longer than its batch"
+            self.passes.append(lengths)
+            self.wide.append(wide)
+            padded = bucketed_rows(len(batch), self.row_buckets) * seq_len
+            self.padded_tokens.append(padded)
+            if self.seconds_per_token:
+                time.sleep(self.seconds_per_token * padded)
+        finally:
+            with self._count:
+                self.running -= 1
         if FAIL in batch.ids:
             raise BackendError("fake backend: the batch holds FAIL")
         if self.info.is_cross_encoder:
@@ -81,7 +94,8 @@ class FakeBackend:
         rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
         return (rng.standard_normal(self.info.dimension) * len(ids)).astype(np.float32)
 
-    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_tokens(self, batch: TokenBatch, seq_len: int,
+                   wide: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise BackendError("the fake backend gives no token states (its info.token_dimension is 0)")
 
     def self_check(self) -> None:
@@ -90,7 +104,9 @@ class FakeBackend:
     def warmup(self, max_batch_tokens: int | None = None, max_batch_requests: int | None = None) -> None:
         self.run(self.tokenize(["warm up"]), self.pad_to_multiple_of)
         self.passes.clear()
+        self.wide.clear()
         self.padded_tokens.clear()
+        self.most_running = 0
 
     def health(self) -> None:
         if not self.healthy:

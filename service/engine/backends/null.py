@@ -28,6 +28,7 @@ class NullBackend:
                               graph_sha256=f"null:{manifest.onnx_sha256}")
         self.pad_to_multiple_of = pad_to_multiple_of
         self.row_buckets: tuple[int, ...] = ()
+        self.streams = 1
         self._unit = np.full(dimension, dimension ** -0.5, dtype=np.float32)
 
     @cached_property
@@ -35,11 +36,12 @@ class NullBackend:
         """The export's, as the API processes load it; read when first asked for (an engine process never asks)."""
         return Tokenizer(self.export_dir)
 
-    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, batch: TokenBatch, seq_len: int, wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
         vectors = np.broadcast_to(self._unit, (len(batch), len(self._unit)))
         return vectors, vectors
 
-    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_tokens(self, batch: TokenBatch, seq_len: int,
+                   wide: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise BackendError("the null backend gives no token states (its info.token_dimension is 0)")
 
     def self_check(self) -> None:

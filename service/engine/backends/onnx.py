@@ -44,6 +44,11 @@ CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested", "do_copy_in_default
 CUDA_ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
+#: streams on a CPU when SEMBED_STREAMS is 0: two passes at once, each on half the threads, get through more than
+#: one on all of them (RESULTS.md, "Serving on a CPU"; measured on 2 cores: more streams than cores cannot be)
+AUTO_STREAMS = 2
+
+
 class IntegrityError(RuntimeError):
     pass
 
@@ -80,7 +85,7 @@ class OnnxBackend:
     def __init__(self, export_dir: str | Path, *, device: str = "cpu", intra_op_threads: int = 0,
                  pad_to_multiple_of: int = 0, arena_keep_tokens: int = 8192, verify: bool = True,
                  variant: str = "fp32", graph_file: str | None = None, spin: bool = False, tensorrt: bool = False,
-                 row_buckets: bool = True):
+                 row_buckets: bool = True, streams: int = 1):
         import onnxruntime as ort
 
         export_dir = Path(export_dir)
@@ -107,19 +112,18 @@ class OnnxBackend:
         self.pad_to_multiple_of = pad_to_multiple_of
         self._needs_type_ids = "token_type_ids" in self.manifest.inputs
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Always an explicit count: left at 0, onnxruntime also pins each worker to a core, and the calling
         # thread (not pinned) can end up sharing a core with a spinning worker, slowing every pass for the life
         # of the process.
-        options.intra_op_num_threads = intra_op_threads or physical_cores()
-        # Spinning: intra-op threads busy-wait between the parallel sections of a pass instead of sleeping
-        # (a wake-up per section costs most on graphs of many small ops, as int8's); never between passes,
-        # where the event loop needs the CPU.
-        if spin:
-            options.add_session_config_entry("session.force_spinning_stop", "1")
-        else:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        threads = intra_op_threads or physical_cores()
+        streams = streams or (1 if device == "cuda" else min(AUTO_STREAMS, threads))
+        if device == "cuda" and streams > 1:
+            raise ValueError(f"SEMBED_STREAMS={streams} on cuda: a GPU runs one pass at a time (streams are for CPUs)")
+        if streams > threads:
+            raise ValueError(f"SEMBED_STREAMS={streams} needs as many onnxruntime threads, one per stream at least; "
+                             f"there are {threads} (SEMBED_INTRA_OP_THREADS, or the cores)")
+        self.streams = streams
+        options = self._options(threads, spin)
         available = ort.get_available_providers()
         if device == "cuda":
             if "CUDAExecutionProvider" not in available:
@@ -150,6 +154,10 @@ class OnnxBackend:
         # its libraries, CUDA without cuDNN), retries with the next ones: a service told to use the GPU must
         # not end up on the CPU, nor one asked for TensorRT on plain CUDA without its provider options
         self.session = ort.InferenceSession(str(graph), options, providers=providers, enable_fallback=0)
+        # Streams: one more session, of threads/streams each, that every stream runs its passes on at once (its own
+        # copy of the weights); `self.session`, on every thread, runs the wide passes and the in-process ones.
+        self._narrow = None if streams == 1 else \
+            ort.InferenceSession(str(graph), self._options(threads // streams, spin), providers=providers)
         running = self.session.get_providers()
         dropped = [name for name in (p if isinstance(p, str) else str(p[0]) for p in providers) if name not in running]
         if dropped:
@@ -178,11 +186,31 @@ class OnnxBackend:
                 self.pad_to_multiple_of = _CALIBRATED[key]
             else:
                 self.pad_to_multiple_of = self.calibrate_padding()
+        if self._narrow is not None and not self._streams_agree():
+            log.warning("onnxruntime gives other bits on %d threads than on %d for the same texts: one pass at a time "
+                        "(streams off), so a text's vector does not depend on the load", threads // streams, threads)
+            self._narrow, self.streams = None, 1
         self.info = ModelInfo(model=self.manifest.name, dimension=self.manifest.dimension,
                                 max_seq_length=max_len, device=device, variant=variant,
                                 manifest=self.manifest.model_dump(mode="json"),
                                 vocab_size=self.tokenizer.vocab_size, graph_sha256=entry["sha256"],
                                 kind=self.manifest.kind, token_dimension=self._token_dimension())
+
+    @staticmethod
+    def _options(threads: int, spin: bool) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        # Spinning: intra-op threads busy-wait between the parallel sections of a pass instead of sleeping
+        # (a wake-up per section costs most on graphs of many small ops, as int8's); never between passes,
+        # where the event loop needs the CPU.
+        if spin:
+            options.add_session_config_entry("session.force_spinning_stop", "1")
+        else:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
 
     def _token_dimension(self) -> int:
         """The hidden size of the graph's token output, 0 where it has none (exported before /embed_all); the
@@ -198,7 +226,8 @@ class OnnxBackend:
         return variants[variant]
 
     # --- the Backend interface --------------------------------------------------------------
-    def run(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, batch: TokenBatch, seq_len: int, wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        session = self.session if wide or self._narrow is None else self._narrow
         n = len(batch)
         rows = bucketed_rows(n, self.row_buckets)
         feeds = pad_batch(batch, seq_len, self.pad_id, rows)
@@ -208,17 +237,18 @@ class OnnxBackend:
         try:
             if self.scorer or self.sparse:  # [rows] for a reranker, [rows, labels] for a classifier, [rows, vocab]
                 (scores,) = self._run_cuda(feeds, options) if self.device == "cuda" else \
-                    self.session.run(self._outputs, feeds, options)
+                    session.run(self._outputs, feeds, options)
                 normalized = raw = scores.reshape(len(scores), -1)
             elif self.device == "cuda":
                 normalized, raw = self._run_cuda(feeds, options)
             else:
-                normalized, raw = self.session.run(self._outputs, feeds, options)
+                normalized, raw = session.run(self._outputs, feeds, options)
         except Exception as e:  # onnxruntime raises its own types; the engine needs one
             raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
         return normalized[:n], raw[:n]
 
-    def run_tokens(self, batch: TokenBatch, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run_tokens(self, batch: TokenBatch, seq_len: int,
+                   wide: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`run`, and every row's token states too, [n, seq_len, hidden] (padding positions included: the engine
         keeps each row's real tokens). Only for a graph with the token output (`info.token_dimension`)."""
         if not self.info.token_dimension:
@@ -230,9 +260,10 @@ class OnnxBackend:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
         outputs = [*OUTPUTS, TOKEN_OUTPUT]
+        session = self.session if wide or self._narrow is None else self._narrow
         try:
             normalized, raw, tokens = self._run_cuda(feeds, options, outputs) if self.device == "cuda" else \
-                self.session.run(outputs, feeds, options)
+                session.run(outputs, feeds, options)
         except Exception as e:
             raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
         return normalized[:n], raw[:n], tokens[:n]
@@ -248,12 +279,24 @@ class OnnxBackend:
         self.session.run_with_iobinding(binding, options)
         return [v.numpy() for v in binding.get_outputs()]
 
-    def calibrate_padding(self, candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int:
-        """The smallest multiple for which probe texts give the same bits alone and in padded batches."""
+    def _probes(self) -> tuple[TokenBatch, TokenBatch]:
+        """Texts of 1 to 63 words, and a longer one."""
         words = "the quick brown fox jumps over a lazy dog while rain falls on old city streets at night".split()
         probes = self._tokenize([" ".join(words[(i * 7 + j) % len(words)] for j in range(n)) for i, n in
                                 enumerate(list(range(1, 21)) + [27, 33, 40, 63])])
-        longer = self._tokenize([" ".join(words * 5)])
+        return probes, self._tokenize([" ".join(words * 5)])
+
+    def _streams_agree(self) -> bool:
+        """The stream session gives the wide one's bits (onnxruntime splits each op's work among its threads, not
+        a sum: no rounding depends on their number; checked, as a kernel could)."""
+        probes, longer = self._probes()
+        batch = TokenBatch.concat([probes, longer])
+        seq_len = self._seq_len(batch)
+        return all(np.array_equal(a, b) for a, b in zip(self.run(batch, seq_len), self.run(batch, seq_len, False)))
+
+    def calibrate_padding(self, candidates: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int:
+        """The smallest multiple for which probe texts give the same bits alone and in padded batches."""
+        probes, longer = self._probes()
         for multiple in candidates:
             if all(self._same_bits(probes.slice(i, i + 1), longer, multiple) for i in range(len(probes))):
                 log.info("padding batches to a multiple of %d keeps batching bit-exact on this CPU", multiple)
@@ -280,7 +323,8 @@ class OnnxBackend:
             batches = [["warm-up " * words] * n for n, words in ((1, 16), (8, 64))]
         for texts in batches:
             batch = self._tokenize(texts)
-            self.run(batch, self._seq_len(batch))
+            for wide in (True, False) if self._narrow is not None else (True,):
+                self.run(batch, self._seq_len(batch), wide)
 
     def self_check(self) -> None:
         """Before the service is ready: the export's recorded sentences must come back as recorded.
