@@ -79,8 +79,10 @@ class Settings(BaseSettings):
                             "reload; the service holds up to SEMBED_API_WORKERS times this; 0: off")
 
     # --- the engine -------------------------------------------------------------------------------
-    # Unset: TEI's 16384 on a GPU; 4096 on a CPU, where a 16384-token pass takes seconds (a one-text
-    # request waits for it) and holds twice the memory, for no more throughput (RESULTS.md, Serving on a CPU).
+    # Unset: TEI's 16384 on a GPU; 1024 on a CPU, shared by the engine's streams (512 tokens a pass with two): a
+    # pass's activations then stay in a core's cache, and a pass of 128-token texts on one thread gets through 10%
+    # more than one of 2048 tokens, a one-text request waits less for it, and the engine holds less memory
+    # (RESULTS.md, Serving on a CPU).
     max_batch_tokens: int | None = Field(None, ge=16, description="tokens per forward pass, padding included")
     # Unset: 64 on a CPU (a pass of more short rows is no faster per row there, and a one-text request
     # would wait for it); 1024 on a GPU, where a pass of 1024 short rows costs about what 64 do, so the
@@ -198,7 +200,7 @@ class Settings(BaseSettings):
         return None if str(self.index_path) == MEMORY_ONLY else self.index_path
 
     def batch_token_budget(self) -> int:
-        return self.max_batch_tokens or (16384 if self.device == "cuda" else 4096)
+        return self.max_batch_tokens or (16384 if self.device == "cuda" else 1024)
 
     def index_needs_writer_process(self) -> bool:
         """The local index, or Milvus Lite (a file, one process at a time), lives in one process of its own;
