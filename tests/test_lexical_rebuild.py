@@ -191,9 +191,10 @@ def test_writes_during_a_background_rebuild_are_in_the_index_it_swaps_in():
 def test_a_rebuild_beside_concurrent_writes_and_searches_in_a_collection():
     """Background rebuilds in a real collection (its live items read by the builder thread while the committer
     writes), with a search thread beside them: each acknowledged write is found at once, each replaced text gone."""
+    DOCS = 60  # noqa: N806 - a rebuild starts as each quarter of them is replaced: several a round
     index = LocalIndex()
     index.create_collection(CollectionSpec("c", DIM, lexical=True))
-    write(index, {f"d{n}": f"note d{n} first{n}" for n in range(300)})
+    write(index, {f"d{n}": f"note d{n} first{n}" for n in range(DOCS)})
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -211,7 +212,7 @@ def test_a_rebuild_beside_concurrent_writes_and_searches_in_a_collection():
     thread.start()
     try:
         for round_ in range(3):
-            for n in range(300):  # every document replaced: rebuilds start as deleted items pass a quarter
+            for n in range(DOCS):  # every document replaced: rebuilds start as deleted items pass a quarter
                 write(index, {f"d{n}": f"note d{n} round{round_}x{n}"})
                 assert ids(f"round{round_}x{n}") == [f"d{n}"]
                 assert ids(f"first{n}") == [] and (round_ == 0 or ids(f"round{round_ - 1}x{n}") == [])
@@ -221,6 +222,6 @@ def test_a_rebuild_beside_concurrent_writes_and_searches_in_a_collection():
     assert not errors
     lexical = index._collections["c"].lexical
     lexical.wait()
-    assert lexical.deleted < 300  # rebuilt: else each of the 900 replaced texts would still be counted
-    assert sorted(ids("note")) == sorted(f"d{n}" for n in range(300))
+    assert lexical.deleted < DOCS  # rebuilt: else each of the 3 x DOCS replaced texts would still be counted
+    assert sorted(ids("note")) == sorted(f"d{n}" for n in range(DOCS))
     index.close()
