@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import numpy as np
@@ -162,3 +163,15 @@ def test_more_streams_than_threads_or_streams_on_a_gpu_are_refused_by_name(defau
         OnnxBackend(default_export, intra_op_threads=2, streams=3)
     with pytest.raises(ValueError, match="SEMBED_STREAMS=2 on cuda"):
         OnnxBackend(default_export, device="cuda", intra_op_threads=2, streams=2)
+
+
+def test_the_streams_bench_measures_both_ways_of_spending_the_threads(default_export, tmp_path, capsys):
+    from benchmarks import streams as bench
+
+    out = tmp_path / "streams.json"
+    assert bench.main(["--model-dir", str(default_export), "--threads", "2", "--lengths", "8,24", "--tokens", "48",
+                       "--seconds", "0.05", "--rounds", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["length"], r["rows"]) for r in rows] == [(8, 6), (24, 2)]
+    assert all(r["one_pass"] > 0 and r["streams"] > 0 and len(r["rounds"]["2"]) == 2 for r in rows)
+    assert "one pass at a time on all of them, against 2 passes at once on 1 each" in capsys.readouterr().out

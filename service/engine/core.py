@@ -85,7 +85,7 @@ class Engine:
         self.config = config
         self.metrics = metrics or EngineMetrics()
         self.pad_to_multiple_of = backend.pad_to_multiple_of
-        self.streams = streams = getattr(backend, "streams", 1)
+        self.streams = streams = backend.streams
         # a pass must hold at least one input of the model's full length; with streams, the budget is shared
         # among the passes running at once (a pass on a stream takes as long as a whole-budget pass on every core)
         full_length = padded_length(backend.info.max_seq_length, self.pad_to_multiple_of)
