@@ -84,6 +84,18 @@ def test_a_request_split_over_two_streams_is_answered_once_with_every_row():
         assert np.array_equal(vector, alone(backend, text))
 
 
+def test_rows_arriving_at_idle_streams_are_shared_among_them():
+    engine, served, backend = make_engine(seconds_per_token=1e-4, max_batch_tokens=4096, max_batch_requests=64)
+    request = texts(9, "h")  # one pass's worth: yet two passes at once, of 5 and 4 rows, each on one stream
+
+    result = asyncio.run(served.embed(request))
+    engine.stop()
+    assert sorted(map(len, backend.passes)) == [4, 5] and backend.wide == [False, False]
+    assert backend.most_running == 2
+    for text, vector in zip(request, result.vectors):
+        assert np.array_equal(vector, alone(backend, text))
+
+
 def test_a_job_filled_from_two_threads_at_once_finishes_once():
     batch = TokenBatch(np.arange(1, 201, dtype=np.int32), np.arange(0, 201, 2, dtype=np.int64))  # 100 rows
     for _ in range(50):

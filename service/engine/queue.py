@@ -18,8 +18,9 @@ Requests whose caller left, or whose deadline passed, are dropped before they re
 
 **Streams**: on a CPU the engine runs `streams` passes at once, each on its share of the cores (one
 pass on every core loses time to the threads' synchronisation after every op; RESULTS.md, "Serving
-on a CPU"). A pass that leaves the queue empty while no other runs is *wide*: it runs alone on every
-core (a lone request gets the latency of all of them), and no other pass starts until it ends.
+on a CPU"). Rows that arrive at idle streams are shared among them (two 16-row passes on one core each finish
+before one 32-row pass on both); a pass of the queue's one row while no other runs is *wide*: it runs alone on
+every core (a lone text gets the latency of all of them), and no other pass starts until it ends.
 The queue is shared by the submitting thread (put) and the inference threads (next_batch, done): one lock.
 """
 
@@ -258,7 +259,12 @@ class BatchQueue:
                 self._waiting += 1
                 self._cond.wait()
                 self._waiting -= 1
-            batch = self._select()
+            # Idle streams and rows for more than one: the rows are shared among the streams (two passes on one thread
+            # each finish before one on both; RESULTS.md, "Serving on a CPU"); a lone row runs wide
+            share = None
+            if self.streams > 1 and not self._running and (rows := sum(j.unscheduled for j in self._jobs)) > 1:
+                share = -(-rows // self.streams)
+            batch = self._select(share)
             batch.wide = self._wide_running = self.streams > 1 and not self._running and not self._jobs
             self._running += 1
             if self._jobs and self._waiting:  # more than this pass waits: another stream can start one
@@ -287,7 +293,7 @@ class BatchQueue:
         if not alive:
             self._queued_tokens = 0
 
-    def _select(self) -> Batch:
+    def _select(self, row_cap: int | None = None) -> Batch:
         # Least-served job first, then the smallest (a one-text request is not held a pass behind a large one
         # that arrived just before it), then the oldest; each puts in as many of its next rows as the pass still
         # takes (the first row always fits: see __init__). A job's rows are sorted by length, so each run of rows
@@ -302,7 +308,7 @@ class BatchQueue:
             jobs.remove(leader)
             jobs.insert(0, leader)
         taken: dict[Job, int] = {}
-        multiple, cap = self.pad_to_multiple_of, self.max_batch_requests
+        multiple, cap = self.pad_to_multiple_of, min(self.max_batch_requests, row_cap or self.max_batch_requests)
         # A request alone in the queue: the rows a tight ratio leaves out make passes of their own, with nothing else
         # to group them with, so each pass's fixed cost is paid for less padding saved: the loose ratio.
         ratio = self.max_padding_ratio if len(jobs) > 1 else max(self.max_padding_ratio, LONE_PADDING_RATIO)
