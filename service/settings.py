@@ -36,7 +36,7 @@ class Settings(BaseSettings):
                            "the export); fails at start where TensorRT is not installed")
     intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
     # Two by default: onnxruntime's threads wait for each other after every op of a pass, and two passes at once on
-    # half the cores each get through 12-18% more than one on all of them (RESULTS.md, "Serving on a CPU").
+    # half the cores each get through more than one on all of them (RESULTS.md, "Serving on a CPU").
     streams: int = Field(0, ge=0, description="CPU: passes an engine runs at once, each on SEMBED_INTRA_OP_THREADS / "
                          "streams threads, a pass alone in the queue on all of them (the same bits either way; one "
                          "more copy of the model's weights in memory); 0 = 2 (1 with one core, and on cuda); 1: one "
@@ -80,9 +80,8 @@ class Settings(BaseSettings):
 
     # --- the engine -------------------------------------------------------------------------------
     # Unset: TEI's 16384 on a GPU; 1024 on a CPU, shared by the engine's streams (512 tokens a pass with two): a
-    # pass's activations then stay in a core's cache, and a pass of 128-token texts on one thread gets through 10%
-    # more than one of 2048 tokens, a one-text request waits less for it, and the engine holds less memory
-    # (RESULTS.md, Serving on a CPU).
+    # pass's activations then stay in a core's cache and it computes faster, a one-text request waits less for it,
+    # and the engine holds less memory (RESULTS.md, Serving on a CPU).
     max_batch_tokens: int | None = Field(None, ge=16, description="tokens per forward pass, padding included")
     # Unset: 64 on a CPU (a pass of more short rows is no faster per row there, and a one-text request
     # would wait for it); 1024 on a GPU, where a pass of 1024 short rows costs about what 64 do, so the

@@ -104,12 +104,12 @@ def test_a_job_filled_from_two_threads_at_once_finishes_once():
         job.schedule(100, 0.0)
         start = threading.Barrier(2)
 
-        def fill(rows: range) -> None:
+        def fill(job: Job, start: threading.Barrier, rows: range) -> None:
             start.wait()
             for row in rows:
                 job.fill(row, np.full((1, 4), row, np.float32), np.zeros((1, 4), np.float32), seconds=0.001)
 
-        threads = [threading.Thread(target=fill, args=(range(k, 100, 2),)) for k in (0, 1)]
+        threads = [threading.Thread(target=fill, args=(job, start, range(k, 100, 2))) for k in (0, 1)]
         for thread in threads:
             thread.start()
         for thread in threads:
