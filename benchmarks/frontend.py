@@ -39,7 +39,7 @@ from pathlib import Path
 from benchmarks import machine
 from benchmarks.machine import cpu_seconds, process_tree
 from benchmarks.serving import make_texts
-from service.engine.hardware import cpu_flags
+from service.hardware import cpu_flags
 
 CORES = os.cpu_count() or 1
 TARGET_SINGLE_US, TARGET_JSON_US, TARGET_BASE64_US = 300, 25, 15

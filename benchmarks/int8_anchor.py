@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks import machine
 from benchmarks.serving import BATCH, make_texts
-from service.engine.hardware import cpu_flags
+from service.hardware import cpu_flags
 
 #: what ours must reach against the anchor's int8 (issue 26)
 MIN_SPEEDUP = 1.2

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.engine.hardware import cpu_flags, cpuinfo_field
+from service.hardware import cpu_flags, cpuinfo_field
 
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks import machine
 from service.engine.backends.onnx import OnnxBackend
-from service.engine.hardware import physical_cores
+from service.hardware import physical_cores
 from service.ipc.messages import TokenBatch
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.hardware import usable_cpus
 
 #: The SEMBED_INDEX_PATH that asks for an index in memory only (SQLite's spelling of the same wish).
 MEMORY_ONLY = ":memory:"
@@ -34,7 +35,8 @@ class Settings(BaseSettings):
                                                             "its quality gate), else fp32")
     tensorrt: bool = Field(False, description="cuda: onnxruntime's TensorRT provider first (engines cached beside "
                            "the export); fails at start where TensorRT is not installed")
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core")
+    intra_op_threads: int = Field(0, ge=0, description="onnxruntime threads per pass; 0 = one per core this "
+                                  "process may use (its CPU affinity, at most its cgroup's CPU quota)")
     # Two by default: onnxruntime's threads wait for each other after every op of a pass, and two passes at once on
     # half the cores each get through more than one on all of them (RESULTS.md, "Serving on a CPU").
     streams: int = Field(0, ge=0, description="CPU: passes an engine runs at once, each on SEMBED_INTRA_OP_THREADS / "
@@ -67,8 +69,8 @@ class Settings(BaseSettings):
 
     # --- processes -------------------------------------------------------------------------------
     api_workers: int = Field(0, ge=0, description="API processes (HTTP, validation, tokenisation, answers) in front "
-                             "of the engines; 0 = half the cores, at least 1 and at most 8 (the other half runs "
-                             "the model: onnxruntime on a CPU, feeding the device on a GPU)")
+                             "of the engines; 0 = half the CPUs (at most the cgroup's quota), at least 1 and at most "
+                             "8 (the other half runs the model: onnxruntime on a CPU, feeding the device on a GPU)")
 
     # --- the vector cache (service/api/cache.py) --------------------------------------------------
     # On by default: a hit gives the bits a miss gives, so all it costs is memory, bounded here per API process (an
@@ -214,7 +216,7 @@ class Settings(BaseSettings):
         return self.max_padding_ratio or (2.0 if self.device == "cuda" else 1.25)
 
     def api_worker_count(self) -> int:
-        return self.api_workers or min(8, max(1, (os.cpu_count() or 2) // 2))
+        return self.api_workers or min(8, max(1, usable_cpus() // 2))
 
 
 def reference() -> str:

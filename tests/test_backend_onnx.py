@@ -7,7 +7,7 @@ import pytest
 
 from service.engine.backends import padded_length
 from service.engine.backends.onnx import OnnxBackend
-from service.engine.hardware import cpu_flags, cpuinfo_field, physical_cores
+from service.hardware import cpu_flags, cpu_quota, cpuinfo_field, physical_cores, usable_cpus
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +49,48 @@ def test_physical_cores_counts_hyperthreads_once(tmp_path, monkeypatch):
         (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
         (tmp_path / f"cpu{cpu}" / "topology" / "core_id").write_text(f"{core}\n")
         (tmp_path / f"cpu{cpu}" / "topology" / "physical_package_id").write_text("0\n")
+    none = {"cgroup": tmp_path / "no-cgroup", "self_cgroup": tmp_path / "no-self-cgroup"}  # no quota to read
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert physical_cores(tmp_path) == 2
+    assert physical_cores(tmp_path, **none) == 2
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 4}, raising=False)
-    assert physical_cores(tmp_path) == 2
+    assert physical_cores(tmp_path, **none) == 2
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {7}, raising=False)  # no topology: one core
-    assert physical_cores(tmp_path) == 1
+    assert physical_cores(tmp_path, **none) == 1
+
+
+def test_a_cgroup_cpu_quota_bounds_the_cores_counted(tmp_path, monkeypatch):
+    """Kubernetes' limits.cpu on a bigger node: onnxruntime threads and API processes for the quota, not the node."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    sysfs, cgroup, own = tmp_path / "sys", tmp_path / "cg", tmp_path / "self"
+
+    def files(tree: dict[str, str], self_cgroup: str) -> None:
+        import shutil
+
+        shutil.rmtree(cgroup, ignore_errors=True)
+        for name, text in tree.items():
+            (cgroup / name).parent.mkdir(parents=True, exist_ok=True)
+            (cgroup / name).write_text(text)
+        own.write_text(self_cgroup)
+
+    # cgroup v2 on the host: the pod's limit sits above the container's own (unlimited) cgroup
+    files({"kubepods/pod1/cpu.max": "400000 100000\n", "kubepods/pod1/c1/cpu.max": "max 100000\n"},
+          "0::/kubepods/pod1/c1\n")
+    assert cpu_quota(cgroup, own) == 4.0
+    assert physical_cores(sysfs, cgroup, own) == 4 and usable_cpus(cgroup, own) == 4
+    # v2 in a container (its own cgroup at the mount's root), a fractional quota: rounded down, at least 1
+    files({"cpu.max": "150000 100000\n"}, "0::/\n")
+    assert cpu_quota(cgroup, own) == 1.5 and physical_cores(sysfs, cgroup, own) == 1
+    files({"cpu.max": "50000 100000\n"}, "0::/\n")
+    assert physical_cores(sysfs, cgroup, own) == 1
+    # v1 (docker on an older host): the cpu controller's mount
+    files({"cpu,cpuacct/cpu.cfs_quota_us": "200000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+          "4:cpu,cpuacct:/docker/abc\n1:memory:/docker/abc\n")
+    assert cpu_quota(cgroup, own) == 2.0 and usable_cpus(cgroup, own) == 2
+    # no quota: the affinity's count
+    files({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "1:cpu:/\n")
+    assert cpu_quota(cgroup, own) is None and usable_cpus(cgroup, own) == 16
+    files({}, "0::/\n")
+    assert cpu_quota(cgroup, own) is None and cpu_quota(cgroup, tmp_path / "absent") is None
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from service.engine.backends.base import BackendError, bucketed_rows, pad_batch, padded_length
-from service.engine.hardware import physical_cores
+from service.hardware import physical_cores
 from service.ipc.messages import ModelInfo, TokenBatch
 from service.manifest import (
     CLASSIFIER,
