@@ -187,3 +187,11 @@ def test_the_streams_bench_measures_both_ways_of_spending_the_threads(default_ex
     assert [(r["length"], r["rows"]) for r in rows] == [(8, 6), (24, 2)]
     assert all(r["one_pass"] > 0 and r["streams"] > 0 and len(r["rounds"]["2"]) == 2 for r in rows)
     assert "one pass at a time on all of them, against 2 passes at once on 1 each" in capsys.readouterr().out
+
+
+def test_where_the_sessions_disagree_on_bits_the_engine_runs_one_pass_at_a_time(default_export, monkeypatch, caplog,
+                                                                                  streamed):
+    monkeypatch.setattr(OnnxBackend, "_streams_agree", lambda self: False)
+    backend = OnnxBackend(default_export, intra_op_threads=2, streams=2, pad_to_multiple_of=streamed.pad_to_multiple_of)
+    assert backend.streams == 1 and backend._narrow is None
+    assert "other bits on 1 threads than on 2" in caplog.text

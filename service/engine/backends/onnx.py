@@ -289,8 +289,8 @@ class OnnxBackend:
     def _streams_agree(self) -> bool:
         """The stream session gives the wide one's bits (onnxruntime splits each op's work among its threads, not
         a sum: no rounding depends on their number; checked, as a kernel could)."""
-        probes, longer = self._probes()
-        batch = TokenBatch.concat([probes, longer])
+        probes, _ = self._probes()
+        batch = probes.take(np.array([0, 6, 19, len(probes) - 1]))  # 1, 7, 20 and 63 words: a pass of odd lengths
         seq_len = self._seq_len(batch)
         return all(np.array_equal(a, b) for a, b in zip(self.run(batch, seq_len), self.run(batch, seq_len, False)))
 
