@@ -48,8 +48,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.static)
 
 
+def pytest_sessionstart(session):
+    """Under pytest-xdist (`make test-fast`), xdist's controller starts building the default export in the background
+    at once: the workers run what needs no export meanwhile, where the first of them to need it would otherwise
+    build it and the next wait idle for it (`built_once` takes the same lock)."""
+    config = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER") or not isinstance(getattr(config.option, "numprocesses", None), int) \
+            or config.option.numprocesses < 2:
+        return
+    import subprocess
+    import sys
+
+    root = config._tmp_path_factory.getbasetemp()
+    config._default_export_builder = subprocess.Popen(
+        [sys.executable, "-c", f"from tests.conftest import build_default_export; build_default_export({str(root)!r})"],
+        cwd=REPO)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The service's default data directory is ./data: a test that let a service write there fails the run."""
+    builder = getattr(session.config, "_default_export_builder", None)
+    if builder is not None and builder.poll() is None:
+        builder.kill()  # the run ended first (a selection that needed no export, an interruption)
+        builder.wait()
     if not _REPO_DATA_EXISTED and (REPO / "data").exists():
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         print(f"\n{REPO / 'data'} was created by a test: services under test must keep their data in tmp dirs")
@@ -66,13 +87,17 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
     """A folder `build(folder)` fills, built once per run: under pytest-xdist the workers share it (the first to ask
     builds it while the others wait on its lock), so no worker spends its time exporting what another has. A test
     must not change what is in it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's own folder, above each worker's
+    return _built_once_in(root, name, build)
+
+
+def _built_once_in(root: Path, name: str, build: Callable[[Path], object]) -> Path:
     import shutil
 
     from filelock import FileLock
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's own folder, above each worker's
     out = root / "built-once" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(out.with_name(f"{name}.lock")):
@@ -139,14 +164,21 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def default_export(tmp_path_factory) -> Path:
     """The real embedded default model, exported once per test run (about 15 s), for all xdist workers."""
+    return built_once(tmp_path_factory, "default-export", _export_default) / "all-MiniLM-L6-v2"
+
+
+def _export_default(folder: Path) -> None:
     from core.default_model import default_model_dir
     from core.encoder import SentenceEncoder
     from export.exporter import export_onnx
 
-    def export(folder: Path) -> None:
-        export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), folder / "all-MiniLM-L6-v2")
+    export_onnx(SentenceEncoder.from_pretrained(default_model_dir()), folder / "all-MiniLM-L6-v2")
 
-    return built_once(tmp_path_factory, "default-export", export) / "all-MiniLM-L6-v2"
+
+def build_default_export(root: str) -> None:
+    """The default export under the run's folder `root`, as `default_export` builds it (pytest_sessionstart's
+    background build)."""
+    _built_once_in(Path(root), "default-export", _export_default)
 
 
 def wait_until(predicate, timeout: float = 30, what: str | Callable[[], str] = "the condition",
