@@ -38,6 +38,10 @@ EMBEDDER, SPLADE = "minilm", "splade"
 TEXTS = ["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply on Monday."]
 LONG = " ".join(f"word{i}" for i in range(400))  # over the model's 256 tokens
 MAX_BATCH, MAX_BYTES = 32, 65536  # the service's max_client_batch_size and max_request_bytes here
+#: inputs the engine holds here: a batch and a half, all the calls of the sharing test at once (a lane sends a full
+#: batch while one is at the engine, and the call that went alone may already be answered by then), fewer than the
+#: no-room test's 120 calls put there
+MAX_QUEUED = MAX_BATCH + MAX_BATCH // 2
 KEY = "grpc-test-key"
 
 
@@ -108,7 +112,7 @@ def live(prompted_export, pair_scorers, splade, tmp_path_factory):  # noqa: F811
     models = {EMBEDDER: prompted_export, **pair_scorers, SPLADE: splade}
     env = {"SEMBED_MODELS": ",".join(f"{name}={path}" for name, path in models.items()), "SEMBED_GRPC_PORT": str(port),
            "SEMBED_API_WORKERS": "2", "SEMBED_MAX_CLIENT_BATCH_SIZE": str(MAX_BATCH),
-           "SEMBED_MAX_REQUEST_BYTES": str(MAX_BYTES), "SEMBED_MAX_QUEUED_INPUTS": "40"}
+           "SEMBED_MAX_REQUEST_BYTES": str(MAX_BYTES), "SEMBED_MAX_QUEUED_INPUTS": str(MAX_QUEUED)}
     with ServiceProcess(env, tmp_path_factory.mktemp("grpc") / "service.log") as service:
         yield Live(service, port)
 
@@ -341,9 +345,8 @@ def test_embed_calls_at_once_share_engine_requests_each_with_its_own_answer(live
     engine requests than calls, at most max_client_batch_size a request), and each keeps its own answer: its vector,
     its own tokens and characters, and its own refusal where it is refused (the others of its batch answered)."""
     stub = rpc.EmbedStub(channel)
-    # more than a batch, but never more at the engine than it holds here (SEMBED_MAX_QUEUED_INPUTS=40): one call
-    # alone, then a full batch, then the rest
-    texts = [f"{TEXTS[i % 3]}{' and then some more' * (i % 5)}" for i in range(MAX_BATCH + MAX_BATCH // 2)]
+    # more than a batch, but never more at the engine than it holds here (MAX_QUEUED): one call alone, then batches
+    texts = [f"{TEXTS[i % 3]}{' and then some more' * (i % 5)}" for i in range(MAX_QUEUED)]
     chunks = [texts[i:i + MAX_BATCH] for i in range(0, len(texts), MAX_BATCH)]
     expected = np.concatenate([np.asarray(http(live, "/embed", {"inputs": c}), dtype=np.float32) for c in chunks])
     tokens = [len(row) for c in chunks for row in http(live, "/tokenize", {"inputs": c})]
@@ -482,7 +485,7 @@ def test_oversized_messages_and_streams_are_refused_as_oversized_bodies(live, ch
 
 
 def test_no_room_is_resource_exhausted_with_retry_after_and_fails_only_its_call(live, channel):
-    """More single calls at once than the engine holds (SEMBED_MAX_QUEUED_INPUTS=40 here): those it cannot hold get
+    """More single calls at once than the engine holds (MAX_QUEUED here): those it cannot hold get
     RESOURCE_EXHAUSTED (HTTP's 429) with retry-after; the others their vectors."""
     stub = rpc.EmbedStub(channel)
     futures = [stub.Embed.future(pb.EmbedRequest(inputs=LONG, truncate=True)) for _ in range(120)]
