@@ -227,7 +227,7 @@ class OnnxBackend:
 
     # --- the Backend interface --------------------------------------------------------------
     def run(self, batch: TokenBatch, seq_len: int, wide: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        session = self.session if wide or self._narrow is None else self._narrow
+        session = self._session(wide)
         n = len(batch)
         rows = bucketed_rows(n, self.row_buckets)
         feeds = pad_batch(batch, seq_len, self.pad_id, rows)
@@ -260,13 +260,17 @@ class OnnxBackend:
             del feeds["token_type_ids"]
         options = self._run_shrink if rows * seq_len > self.arena_keep_tokens else self._run_keep
         outputs = [*OUTPUTS, TOKEN_OUTPUT]
-        session = self.session if wide or self._narrow is None else self._narrow
+        session = self._session(wide)
         try:
             normalized, raw, tokens = self._run_cuda(feeds, options, outputs) if self.device == "cuda" else \
                 session.run(outputs, feeds, options)
         except Exception as e:
             raise BackendError(f"onnxruntime failed on a batch of {n}×{seq_len}: {e}") from e
         return normalized[:n], raw[:n], tokens[:n]
+
+    def _session(self, wide: bool) -> Any:
+        """Every thread's session (wide, or where there are no streams), else the streams' one."""
+        return self.session if wide or self._narrow is None else self._narrow
 
     def _run_cuda(self, feeds: dict[str, np.ndarray], options: Any,
                   outputs: list[str] | None = None) -> list[np.ndarray]:
