@@ -49,11 +49,14 @@ def cpu_quota(cgroup: Path = CGROUP, self_cgroup: Path = SELF_CGROUP) -> float |
         return None
     limits = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue  # not a cgroup line: nothing to read from it
+        _, controllers, path = fields
         if controllers == "":  # v2: one hierarchy, mounted at the cgroup root
             limits += [_v2_limit(d / "cpu.max") for d in _up_from(cgroup, path)]
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
-            for mount in (cgroup / controllers, cgroup / "cpu"):
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount (named by its controllers)
+            for mount in {cgroup / controllers, cgroup / "cpu"}:
                 limits += [_v1_limit(d) for d in _up_from(mount, path)]
     known = [limit for limit in limits if limit is not None]
     return min(known) if known else None
@@ -61,15 +64,15 @@ def cpu_quota(cgroup: Path = CGROUP, self_cgroup: Path = SELF_CGROUP) -> float |
 
 def _up_from(mount: Path, path: str) -> list[Path]:
     """`mount`/`path` and every folder above it up to `mount` (in a container the mount is its own cgroup)."""
-    folder = mount / path.strip("/")
-    return [folder, *[p for p in folder.parents if mount in (p, *p.parents)]]
+    relative = Path(path.strip("/"))
+    return [mount / p for p in (relative, *relative.parents)]  # Path("a/b").parents: "a", "."
 
 
 def _v2_limit(cpu_max: Path) -> float | None:
     try:
         quota, period = cpu_max.read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return None
 
 

@@ -91,6 +91,9 @@ def test_a_cgroup_cpu_quota_bounds_the_cores_counted(tmp_path, monkeypatch):
     assert cpu_quota(cgroup, own) is None and usable_cpus(cgroup, own) == 16
     files({}, "0::/\n")
     assert cpu_quota(cgroup, own) is None and cpu_quota(cgroup, tmp_path / "absent") is None
+    # what cannot be read is passed over, not a failed start: a line that is no cgroup's, a period of 0
+    files({"cpu.max": "100000 0\n", "a/cpu.max": "200000 100000\n"}, "garbage\n0::/a\n")
+    assert cpu_quota(cgroup, own) == 2.0
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
